@@ -1,0 +1,1 @@
+"""The ``kda`` command line: argument parsing and rendering over ``kernels`` and ``traces``."""

@@ -1,0 +1,3 @@
+from kda_cli.app import main
+
+main()

@@ -1,0 +1,69 @@
+"""The ``kda`` Typer application. Commands live in one module each and register here.
+
+Heavy imports (torch, triton, the kernels) happen inside commands, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError
+
+app = typer.Typer(
+    name="kda",
+    help="Replay, benchmark and reproduce KDA RecoverSSM kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Replay, benchmark and reproduce KDA RecoverSSM kernels.
+
+    Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure.
+    Set KDA_DEBUG=1 for full tracebacks and NO_COLOR=1 for plain output.
+    """
+
+
+def _register() -> None:
+    from kda_cli import commands  # noqa: F401  (each module adds its commands to ``app``)
+
+
+def _print_error(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False).print(
+        f"[bold red]Error:[/] {message}", markup=True, soft_wrap=True)
+
+
+def main() -> None:
+    """Entry point: known failures become one ``Error:`` line; ``KDA_DEBUG=1`` shows tracebacks."""
+    _register()
+    debug = os.environ.get("KDA_DEBUG") == "1"
+    try:
+        app(standalone_mode=False)
+    except CommandError as exc:
+        if debug:
+            traceback.print_exc()
+        _print_error(str(exc))
+        sys.exit(exc.code)
+    except (typer.Exit, SystemExit) as exc:
+        code = getattr(exc, "exit_code", None)
+        sys.exit(code if code is not None else getattr(exc, "code", 0))
+    except typer.Abort:
+        _print_error("aborted")
+        sys.exit(EXIT_RUNTIME)
+    except Exception as exc:  # usage errors (click's, vendored by typer) and anything unexpected
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
+            exc.show()
+            sys.exit(EXIT_BAD_INPUT)
+        if debug:
+            traceback.print_exc()
+        _print_error(f"{type(exc).__name__}: {exc} (KDA_DEBUG=1 shows the traceback)")
+        sys.exit(EXIT_RUNTIME)

@@ -1,0 +1,29 @@
+"""Triton kernels of KDA RecoverSSM and their float64-capable torch reference.
+
+The public API (the same names in ``kernels.reference``)::
+
+    kda_recoverssm_verify   run a speculative window from a read-only checkpoint
+    kda_recoverssm_plan     stock commit plan (align mode included)
+    kda_recoverssm_defer    move commit lengths into per-request pending counts
+    kda_recoverssm_commit   fold records into checkpoint slots
+    kda_recoverssm_flush    fold and consume every pending count
+"""
+
+from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords, allocate_records
+from kernels.commit import kda_recoverssm_commit
+from kernels.plan import (
+    _defer_commit_kernel,
+    _prepare_flush_plan_kernel,
+    kda_recoverssm_defer,
+    kda_recoverssm_flush,
+    kda_recoverssm_plan,
+)
+from kernels.verify import kda_recoverssm_verify
+
+OPS = ("verify", "plan", "defer", "commit", "flush")
+
+__all__ = [
+    "NULL_BLOCK_ID", "OPS", "CommitPlan", "KDARecoverSSMRecords", "allocate_records",
+    "kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
+    "kda_recoverssm_flush", "_defer_commit_kernel", "_prepare_flush_plan_kernel",
+]

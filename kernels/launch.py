@@ -1,0 +1,37 @@
+"""Launch configuration: tile sizes and warps per kernel, chosen from the problem shape.
+
+Kept apart from the kernels so that tuning touches one file. Shapes only, never values:
+a configuration never needs a host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+DOT_PRECISION = "tf32x3"
+"""Products with the state: split-precision tf32 (three passes) keeps float32 accuracy."""
+
+_DOT_MIN = 16  # tl.dot needs every dimension >= 16
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_k: int
+    block_v: int
+    block_t: int
+    num_warps: int
+
+
+def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
+    block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
+    block_t = max(_DOT_MIN, triton.next_power_of_2(spec_query_len))
+    block_v = max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim)))
+    return TileConfig(block_k, block_v, block_t, num_warps=4)
+
+
+def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
+    block_k = triton.next_power_of_2(head_k_dim)
+    block_v = min(32, triton.next_power_of_2(head_v_dim))
+    return TileConfig(block_k, block_v, spec_query_len, num_warps=4)

@@ -1,0 +1,140 @@
+"""Commit plans: the stock plan, deferral into pending counts, and the flush (docs: 6, 7).
+
+Each step is a small integer kernel writing into a ``CommitPlan`` allocated once; none
+allocates or synchronises, so a whole decode step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
+from kernels.commit import kda_recoverssm_commit
+from kernels.contract import check_pending_args, check_plan_args
+
+_PLAN_BLOCK = 128
+
+
+@triton.jit
+def _commit_plan_kernel(
+    num_accepted_ptr, query_start_loc_ptr, state_indices_ptr, block_table_ptr, num_computed_ptr,
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    batch, stride_state_indices, stride_block_table, block_table_width, block_size, null_block_id,
+    SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = rows < batch
+    accepted = tl.load(num_accepted_ptr + rows, mask=in_batch, other=0)
+    query_len = tl.load(query_start_loc_ptr + rows + 1, mask=in_batch, other=0) - tl.load(
+        query_start_loc_ptr + rows, mask=in_batch, other=0)
+    n = tl.minimum(tl.minimum(tl.maximum(accepted, 0), tl.maximum(query_len, 0)), SPEC_QUERY_LEN)
+    slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
+    valid = (slot > null_block_id) & (n > 0)
+    if ALIGN:
+        computed = tl.load(num_computed_ptr + rows, mask=in_batch, other=0)
+        c_end = computed + n
+        final_col = tl.minimum(tl.maximum(c_end - 1, 0) // block_size, block_table_width - 1)
+        table_row = block_table_ptr + rows.to(tl.int64) * stride_block_table
+        final = tl.load(table_row + final_col, mask=in_batch & valid, other=null_block_id)
+        next_boundary = (computed // block_size + 1) * block_size
+        boundary_col = next_boundary // block_size - 1
+        has_boundary = valid & (c_end >= next_boundary) & (boundary_col < block_table_width)
+        boundary = tl.load(table_row + boundary_col, mask=in_batch & has_boundary, other=null_block_id)
+        recovery = tl.where(has_boundary, next_boundary - computed, 0)
+    else:
+        final = slot
+        boundary = tl.full((BLOCK,), null_block_id, tl.int32)
+        recovery = tl.zeros((BLOCK,), tl.int32)
+    tl.store(commit_lens_ptr + rows, tl.where(valid, n, 0), mask=in_batch)
+    tl.store(final_state_indices_ptr + rows, tl.where(valid, final, null_block_id), mask=in_batch)
+    tl.store(boundary_state_indices_ptr + rows, boundary, mask=in_batch)
+    tl.store(boundary_recovery_lens_ptr + rows, recovery, mask=in_batch)
+
+
+@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
+@triton.jit
+def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+                         null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr):
+    """One program per row: hand a non-eager row's commit length to ``pending``."""
+    b = tl.program_id(0)
+    slot = tl.load(state_indices_ptr + b * stride_state_indices)
+    row = tl.load(record_rows_ptr + b)
+    if (slot > null_block_id) & (row >= 0):
+        if HAS_EAGER:
+            eager = tl.load(eager_ptr + b) != 0
+        else:
+            eager = False
+        if eager:
+            tl.store(pending_ptr + row, 0)
+        else:
+            tl.store(pending_ptr + row, tl.load(commit_lens_ptr + b))
+            tl.store(commit_lens_ptr + b, 0)
+
+
+@triton.jit
+def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
+                               final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+                               null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
+    """One program per row: plan an in-place fold of the row's pending count, and consume it."""
+    b = tl.program_id(0)
+    slot = tl.load(state_indices_ptr + b * stride_state_indices)
+    row = tl.load(record_rows_ptr + b)
+    live = (slot > null_block_id) & (row >= 0)
+    safe_row = tl.where(live, row, 0)
+    count = tl.load(pending_ptr + safe_row, mask=live, other=0)
+    tl.store(pending_ptr + safe_row, 0, mask=live)
+    tl.store(commit_lens_ptr + b, tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN))
+    tl.store(final_state_indices_ptr + b, slot)
+    tl.store(boundary_state_indices_ptr + b, null_block_id)
+    tl.store(boundary_recovery_lens_ptr + b, 0)
+
+
+def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                        block_table=None, num_computed=None, block_size=None) -> CommitPlan:
+    """Fill the first B rows of ``plan`` for a stock commit; return that view.
+
+    Align mode (``block_table [B, width]``, ``num_computed [B]``, ``block_size >= T``) sends
+    the fold to the block of the last committed token and the state at the next block
+    boundary to that block.
+    """
+    B = check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                        block_table, num_computed, block_size)
+    rows = plan.rows(B)
+    if B == 0:
+        return rows
+    align = block_table is not None
+    _commit_plan_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
+        num_accepted, query_start_loc, state_indices, block_table, num_computed,
+        rows.commit_lens, rows.final_state_indices, rows.boundary_state_indices, rows.boundary_recovery_lens,
+        B, state_indices.stride(0), block_table.stride(0) if align else 0,
+        block_table.shape[1] if align else 0, block_size if align else 1, NULL_BLOCK_ID,
+        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, ALIGN=align,
+    )
+    return rows
+
+
+def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, eager=None) -> None:
+    """After a plan: rows with a real slot and a record row move ``commit_lens`` into
+    ``pending[record_rows[b]]`` and commit nothing now, unless ``eager[b]`` is set, in which
+    case the plan is kept and the pending count cleared."""
+    B = check_pending_args(state_indices, record_rows, pending, plan, eager)
+    if B == 0:
+        return
+    _defer_commit_kernel[(B,)](state_indices, plan.commit_lens, record_rows, pending, eager,
+                               NULL_BLOCK_ID, state_indices.stride(0))
+
+
+def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
+                         state_indices, record_rows, pending, plan: CommitPlan) -> None:
+    """Fold each row's pending records into its slot in place; every count is consumed once."""
+    B = check_pending_args(state_indices, record_rows, pending, plan)
+    if B == 0:
+        return
+    _prepare_flush_plan_kernel[(B,)](
+        state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
+        plan.boundary_state_indices, plan.boundary_recovery_lens, NULL_BLOCK_ID, state_indices.stride(0),
+        SPEC_QUERY_LEN=records.spec_query_len,
+    )
+    kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
+                          record_indices=record_rows)

@@ -1,0 +1,145 @@
+"""RecoverSSM verify: a speculative window run from a read-only checkpoint.
+
+One program owns one (V-tile, row, head). It never steps the state token by token; the
+window is computed in the matrix form of docs section 3b from one read of the state:
+
+    Z_t   = Z_{t-1} * a_t + e_t (x) k^_t          ([T, K], the one recurrence step helper)
+    A[t]  = Z_{t-1} (a_t * k^_t)                  strictly lower T x T
+    C[t]  = Z_t q^_t                              lower T x T
+    Minv  = (I + diag(b) A)^-1                    forward substitution on T x T
+    U     = b * (V - S_0 W^T) Minv^T              corrections, [BV, T]
+    O     = S_0 P^T + U C^T                       outputs, [BV, T]
+
+where W and P hold the keys and queries scaled by the cumulative decay. The T x T work
+is independent of the state and overlaps its load; the state is touched by two small
+matrix products in float32 (split-precision tf32 on tensor cores).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
+from kernels.contract import check_verify_args
+from kernels.launch import DOT_PRECISION, verify_config
+from kernels.triton_math import kda_decay, l2_normalize, recurrence_step
+
+
+@triton.jit
+def _verify_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
+    state_ptr, correction_ptr, key_gate_ptr, out_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
+    stride_q_tok, stride_k_tok, stride_v_tok, stride_g_tok, stride_beta_tok, stride_out_tok,
+    stride_state_indices, null_block_id,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+
+    start = tl.load(query_start_loc_ptr + b)
+    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
+    slot = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+    if HAS_RECORD_INDICES:
+        rec = tl.load(record_indices_ptr + b).to(tl.int64)
+    else:
+        rec = b.to(tl.int64)
+
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, BK)
+    offs_t = tl.arange(0, BT)
+    mask_v = offs_v < V
+    mask_k = offs_k < K
+    mask_vt = mask_v[:, None] & (offs_t[None, :] < length)
+    out_ptrs = out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None]
+
+    if length > 0:
+        if slot > null_block_id:
+            state_ptrs = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :]
+            S = tl.load(state_ptrs, mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            values = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                             mask=mask_vt, other=0.0).to(tl.float32)
+
+            A = tl.exp(tl.load(A_log_ptr + h))
+            dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+            scale = K ** -0.5
+            rows = offs_t[:, None]
+            cumulative = tl.full((BK,), 1.0, tl.float32)
+            beta = tl.zeros((BT,), tl.float32)
+            Z = tl.zeros((BT, BK), tl.float32)
+            W = tl.zeros((BT, BK), tl.float32)
+            P = tl.zeros((BT, BK), tl.float32)
+            C = tl.zeros((BT, BT), tl.float32)
+            Minv = tl.zeros((BT, BT), tl.float32)
+            for t in tl.static_range(T):
+                live = t < length
+                tok = start + tl.minimum(t, length - 1)
+                k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k, mask=mask_k, other=0.0)
+                g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k, mask=mask_k, other=0.0)
+                q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k, mask=mask_k, other=0.0)
+                b_t = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h).to(tl.float32))
+                a_t = tl.where(live, kda_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND), 1.0)
+                key = tl.where(live, l2_normalize(k_raw.to(tl.float32)), 0.0)
+                query = tl.where(live, l2_normalize(q_raw.to(tl.float32)) * scale, 0.0)
+                cumulative = cumulative * a_t
+
+                a_row = tl.sum(Z * (a_t * key)[None, :], axis=1)
+                minv_row = (offs_t == t).to(tl.float32) - b_t * tl.sum(a_row[:, None] * Minv, axis=0)
+                Minv = tl.where(rows == t, minv_row[None, :], Minv)
+                Z = recurrence_step(Z, a_t, key, (offs_t == t).to(tl.float32))
+                C = tl.where(rows == t, tl.sum(Z * query[None, :], axis=1)[None, :], C)
+                W = tl.where(rows == t, (cumulative * key)[None, :], W)
+                P = tl.where(rows == t, (cumulative * query)[None, :], P)
+                beta = tl.where(offs_t == t, b_t, beta)
+
+                if (pid_v == 0) & live & (rec >= 0):
+                    kg_ptrs = key_gate_ptr + ((rec * H + h) * T + t) * (2 * K) + offs_k
+                    tl.store(kg_ptrs, k_raw, mask=mask_k)
+                    tl.store(kg_ptrs + K, g_raw, mask=mask_k)
+
+            SW = tl.dot(S, tl.trans(W), input_precision=DOT_PRECISION)
+            SP = tl.dot(S, tl.trans(P), input_precision=DOT_PRECISION)
+            U = tl.dot(beta[None, :] * (values - SW), tl.trans(Minv), input_precision=DOT_PRECISION)
+            O = SP + tl.dot(U, tl.trans(C), input_precision=DOT_PRECISION)
+            tl.store(out_ptrs, O.to(out_ptr.dtype.element_ty), mask=mask_vt)
+            if rec >= 0:
+                corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_t[None, :]) * V + offs_v[:, None]
+                tl.store(corr_ptrs, U, mask=mask_vt)
+        else:
+            tl.store(out_ptrs, tl.zeros((BV, BT), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_vt)
+
+
+def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                          records: KDARecoverSSMRecords, query_start_loc, state_indices, spec_query_len,
+                          out=None, record_indices=None):
+    """Verify a speculative batch (docs: sections 4 and 5); returns ``out`` ``[1, T_tot, H, V]``.
+
+    Writes the in-window outputs of every row (zeros for null rows) and, for rows with a
+    real slot, the records of each in-window token at record row ``record_indices[b]``
+    (or ``b``). The checkpoint is only read. ``out=None`` allocates a zeroed output.
+    """
+    d = check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records,
+                          query_start_loc, state_indices, spec_query_len, out, record_indices)
+    if out is None:
+        out = torch.zeros_like(v)
+    if d.total_tokens == 0 or d.batch == 0:
+        return out
+    cfg = verify_config(d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len)
+    grid = (triton.cdiv(d.head_v_dim, cfg.block_v), d.batch, d.num_heads)
+    _verify_kernel[grid](
+        q, k, v, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
+        checkpoint_state, records.correction, records.key_gate, out,
+        query_start_loc, state_indices, record_indices,
+        q.stride(1), k.stride(1), v.stride(1), raw_g.stride(1), raw_beta.stride(1), out.stride(1),
+        state_indices.stride(0), NULL_BLOCK_ID,
+        H=d.num_heads, K=d.head_k_dim, V=d.head_v_dim, T=d.spec_query_len,
+        BK=cfg.block_k, BV=cfg.block_v, BT=cfg.block_t,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
+        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
+    )
+    return out
