@@ -1,0 +1,151 @@
+"""``kda bench``: CPU behaviour, the interpreter smoke run, byte counts, save and compare.
+
+No test here asserts a time: timings belong to runs on a GPU, not to tests.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from traces import bench
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = bench.Shape(heads=2, head_k_dim=16, head_v_dim=16, act_bytes=2, state_bytes=4)
+K3 = bench.Shape(heads=12, head_k_dim=128, head_v_dim=128, act_bytes=2, state_bytes=4)
+
+
+def kda(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kda_cli", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "NO_COLOR": "1", **env}, timeout=120)
+
+
+def test_no_gpu_is_one_error_line_and_exit_3():
+    result = kda("bench", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 3
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "Error: kda bench needs a CUDA GPU; none found (use --interpreter-smoke for a CPU smoke run)"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--accept", "sometimes"), "accept must be one of full, random"),
+    (("--batch", "8,x"), "--batch expects comma-separated integers"),
+    (("--ops", "verify,fold"), "unknown op 'fold'"),
+])
+def test_bad_usage_is_one_error_line_and_exit_2(args, message):
+    result = kda("bench", *args, CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_tiny_shape_bytes_by_hand():
+    # B=2, T=2, H=2, K=V=16, bf16 activations, fp32 state; one slot = 2*16*16*4 = 2048 bytes.
+    # verify: state 2*2048 = 4096; q,k,g,v,beta 4 tokens*2 heads*(3*16+16+1)*2 = 1040;
+    # out 4*2*16*2 = 256; records 4 tokens*2 heads*(16*4 + 32*2) = 1024.
+    assert bench.verify_bytes(TINY, real_rows=2, total_tokens=4) == 4096 + 1040 + 256 + 1024
+    # commit of [2, 1] tokens: two slots read and written 4*2048, three tokens of records 3*256.
+    assert bench.commit_bytes(TINY, [2, 1]) == 8192 + 768
+    assert bench.commit_bytes(TINY, [2, 0]) == 4096 + 512
+    assert bench.plan_bytes(2) == 4 * (2 + 3 + 2) + 4 * 4 * 2
+    assert bench.defer_bytes(2) == 40
+    assert bench.flush_bytes(TINY, [2, 1]) == 2 * 32 + 8960
+    assert bench.op_bytes("step-stock", TINY, 2, 2, [2, 1]) == 6416 + 60 + 8960
+    assert bench.op_bytes("step-deferred", TINY, 2, 2, [2, 1]) == 9024 + 6416 + 60 + 40
+
+
+def test_k3_verify_bytes_by_hand():
+    # B=256, T=8: 256 fp32 slots of 786,432 bytes; 2048 tokens of 12 heads.
+    state = 256 * 786_432
+    activations = 2048 * 12 * (3 * 128 + 128 + 1) * 2
+    outputs = 2048 * 12 * 128 * 2
+    records = 2048 * 12 * (128 * 4 + 256 * 2)
+    assert bench.verify_bytes(K3, 256, 2048) == state + activations + outputs + records == 257_998_848
+
+
+def test_sets_cover_the_requested_state_and_respect_memory():
+    slot = K3.slot_bytes
+    assert slot == 786_432
+    assert bench.choose_sets(slot, 256, 512 * 2**20, 1, None) == 3
+    assert bench.choose_sets(slot, 1, 512 * 2**20, 1, None) == 683
+    assert bench.choose_sets(slot, 256, 2**20, 1, None) == 2
+    assert bench.choose_sets(slot, 1, 512 * 2**20, 10, 400) == 20
+
+
+def test_accepted_counts():
+    assert bench.accepted_counts("full", 3, 8, 0) == [8, 8, 8]
+    drawn = bench.accepted_counts("random", 64, 4, 7)
+    assert drawn == bench.accepted_counts("random", 64, 4, 7)
+    assert set(drawn) == {0, 1, 2, 3, 4}
+
+
+def test_percentiles_interpolate():
+    values = [float(v) for v in range(10, 0, -1)]
+    assert [bench.percentile(values, q) for q in (10, 50, 90)] == pytest.approx([1.9, 5.5, 9.1])
+
+
+def test_interpreter_smoke_run_times_every_op_of_each_impl(device):
+    config = bench.BenchConfig(preset="tiny", batches=(2,), impls=("triton", "reference"), accept="random",
+                               seed=3, smoke=True)
+    run = bench.run_bench(config, device)
+    assert run.label == bench.SMOKE_LABEL and run.copy_ceiling is None
+    counts = bench.accepted_counts("random", 2, 2, 3)
+    for impl in ("triton", "reference"):
+        rows = {r.name: r for r in run.rows if r.impl == impl}
+        assert tuple(rows) == bench.OPS
+        for name, r in rows.items():
+            assert r.error is None and r.count == 2 and r.median_us > 0 and r.p10_us <= r.median_us <= r.p90_us
+            assert r.gbps is None and r.copy_fraction is None and r.mode == "smoke" and r.n_sets == 2
+            assert r.bytes == bench.op_bytes(name, TINY, 2, 2, counts)
+            assert r.committed_tokens == sum(counts)
+    ratios = bench.impl_ratios(run)
+    assert ratios[("triton", "verify", 2, 2)] == 1.0
+    assert ratios[("reference", "verify", 2, 2)] > 0
+
+
+def test_interpreter_smoke_cli_json_and_save_round_trip(tmp_path):
+    saved = tmp_path / "run.json"
+    result = kda("bench", "--interpreter-smoke", "--batch", "1", "--ops", "verify,step-deferred",
+                 "--format", "json", "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["label"] == bench.SMOKE_LABEL
+    assert [(r["name"], r["error"], r["count"]) for r in printed["rows"]] == [("verify", None, 2), ("step-deferred", None, 2)]
+    loaded = bench.load_run(str(saved))
+    assert loaded.to_dict() == {k: v for k, v in printed.items() if k not in ("impl_ratios", "comparison")}
+    bench.save_run(loaded, str(tmp_path / "again.json"))
+    assert bench.load_run(str(tmp_path / "again.json")).to_dict() == loaded.to_dict()
+
+
+def _synthetic(path: Path, medians: dict) -> str:
+    rows = [bench.Row("triton", name, batch, 8, "graph", 3, 0 if us is None else 50, us, us, us, 1000, 8)
+            for (name, batch), us in medians.items()]
+    run = bench.BenchRun(workload={"impls": ["triton"]}, timing={}, environment={}, copy_ceiling=None, rows=rows)
+    bench.save_run(run, str(path))
+    return str(path)
+
+
+def test_compare_ratios_and_geometric_mean(tmp_path):
+    base = _synthetic(tmp_path / "base.json", {("verify", 8): 100.0, ("commit", 8): 40.0, ("plan", 8): None,
+                                               ("flush", 8): 10.0})
+    current = _synthetic(tmp_path / "current.json", {("verify", 8): 50.0, ("commit", 8): 32.0, ("plan", 8): 2.0,
+                                                     ("defer", 8): 1.0})
+    comparison = bench.compare_runs(bench.load_run(current), bench.load_run(base))
+    assert [(c["name"], c["ratio"]) for c in comparison.rows] == [("verify", 0.5), ("commit", 0.8)]
+    assert comparison.geomean == pytest.approx(math.sqrt(0.5 * 0.8))
+    assert comparison.unmatched == 2  # plan has no base time, defer no base row
+
+
+def test_load_run_rejects_other_files(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something-else"}))
+    with pytest.raises(ValueError, match="not a kda bench result"):
+        bench.load_run(str(other))
+    with pytest.raises(ValueError, match="cannot read"):
+        bench.load_run(str(tmp_path / "missing.json"))

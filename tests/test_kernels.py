@@ -1,0 +1,397 @@
+"""Triton kernels against the float64 reference, on fresh random inputs every run.
+
+Runs compiled on CUDA when present (``pytest -m gpu``) and through the Triton interpreter
+otherwise. Every test checks values: outputs, records, plans, pending counts and states,
+and that nothing outside what a plan names changes by a single bit.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import kernels
+import kernels.reference as ref
+from kernels.buffers import CommitPlan
+from tests.kernel_problems import (
+    Problem,
+    float64_records,
+    make_problem,
+    rel_rmse,
+    same_bits,
+    standard_rows,
+    within_rounding,
+)
+
+pytestmark = pytest.mark.gpu
+
+# One rounding of a bf16 downcast: half an ulp (2^-8 relative) when compiled, which rounds
+# to nearest even; a whole ulp under the Triton interpreter, which truncates downcasts.
+BF16_ROUNDING = 2.0 ** -8 if torch.cuda.is_available() else 2.0 ** -7
+FP32_RMSE = 1e-5
+
+
+def fresh_seed() -> int:
+    return random.SystemRandom().randrange(1 << 30)
+
+
+CONFIGS = [
+    # id, H, K, V, T, activation, state, lower_bound, record_indices, large gates
+    pytest.param(2, 128, 128, 8, torch.float32, torch.float32, -5.0, True, False, id="k128-T8-fp32-lb"),
+    pytest.param(2, 32, 32, 4, torch.float32, torch.float32, None, False, True, id="k32-T4-fp32-softplus"),
+    pytest.param(2, 128, 128, 8, torch.bfloat16, torch.float32, -5.0, True, False, id="k128-T8-bf16-lb"),
+    pytest.param(2, 32, 48, 4, torch.bfloat16, torch.bfloat16, None, True, True, id="v48-T4-bf16state"),
+    pytest.param(1, 16, 16, 1, torch.float32, torch.bfloat16, -5.0, False, False, id="k16-T1-bf16state"),
+]
+
+
+def output_matches(actual: torch.Tensor, expected: torch.Tensor, state_rounded: bool) -> bool:
+    """``state_rounded``: the kernel's bf16 state already holds roundings the reference lacks."""
+    if state_rounded:
+        return rel_rmse(actual, expected) <= 1e-2
+    if actual.dtype == torch.float32:
+        return rel_rmse(actual, expected) <= FP32_RMSE
+    return within_rounding(actual, expected, BF16_ROUNDING)
+
+
+def state_matches(actual: torch.Tensor, expected: torch.Tensor, rounds: int = 1) -> bool:
+    if actual.dtype == torch.float32:
+        return rel_rmse(actual, expected) <= FP32_RMSE
+    if rounds == 1:
+        return within_rounding(actual, expected, BF16_ROUNDING)
+    return rel_rmse(actual, expected) <= 1e-2  # bf16 roundings of earlier rounds propagate
+
+
+def check_verify(p: Problem, state, records, state64, records64, rounds: int = 1) -> None:
+    """Run verify through both implementations and compare everything it writes."""
+    before_state = state.clone()
+    before_kg = records.key_gate.clone()
+    out = p.verify(kernels, state, records)
+    out64 = p.verify(ref, state64, records64, acts_dtype=torch.float64)
+
+    assert same_bits(state, before_state), "verify wrote the checkpoint"
+    written = ~torch.isnan(out64)
+    assert torch.equal(~torch.isnan(out), written), "outputs written outside the row windows"
+    state_rounded = rounds > 1 and state.dtype == torch.bfloat16
+    assert output_matches(out[written], out64[written], state_rounded)
+
+    corr_written = ~torch.isnan(records64.correction)
+    assert torch.equal(~torch.isnan(records.correction), corr_written)
+    assert rel_rmse(records.correction[corr_written], records64.correction[corr_written]) <= (
+        1e-2 if state_rounded else FP32_RMSE)
+
+    expected_kg = before_kg.clone()
+    rows = p.record_rows().tolist()
+    qsl = p.query_start_loc.tolist()
+    for b, slot in enumerate(p.state_indices.tolist()):
+        if slot <= 0:
+            continue
+        for t in range(qsl[b + 1] - qsl[b]):
+            tok = qsl[b] + t
+            expected_kg[rows[b], :, t] = torch.cat([p.k[0, tok], p.raw_g[0, tok]], dim=-1)
+    assert same_bits(records.key_gate, expected_kg), "key/gate records are not bit copies of the inputs"
+
+
+def plan_both(p: Problem, plan: CommitPlan, plan64: CommitPlan, accepted: torch.Tensor, **align) -> None:
+    kernels.kda_recoverssm_plan(plan, accepted, p.query_start_loc, p.state_indices, p.T, **align)
+    ref.kda_recoverssm_plan(plan64, accepted, p.query_start_loc, p.state_indices, p.T, **align)
+    B = p.batch
+    for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
+        assert torch.equal(getattr(plan, name)[:B], getattr(plan64, name)[:B]), name
+
+
+def check_states(p: Problem, state, state64, before, rounds: int) -> None:
+    """Slots that should hold a state match the reference; every NaN slot is untouched."""
+    live = ~torch.isnan(state64).any(dim=(1, 2, 3))
+    assert state_matches(state[live], state64[live], rounds)
+    assert same_bits(state[~live], before[~live]), "a slot outside the plan changed"
+
+
+def random_accepted(p: Problem, gen: random.Random) -> torch.Tensor:
+    """Every accept length 0..T on the full-window rows, random ones (some out of range) elsewhere."""
+    values = list(range(p.T + 1)) + [gen.randint(-2, p.T + 3) for _ in range(p.batch - p.T - 1)]
+    gen.shuffle(values)
+    return torch.tensor(values, dtype=torch.int32, device=p.state.device)
+
+
+@pytest.mark.parametrize("H,K,V,T,act,state_dtype,lower_bound,with_rec,large", CONFIGS)
+def test_stock_two_rounds_match_reference(device, H, K, V, T, act, state_dtype, lower_bound, with_rec, large):
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    p = make_problem(device, H=H, K=K, V=V, T=T, act=act, state_dtype=state_dtype,
+                     lower_bound=lower_bound, seed=seed, with_record_indices=with_rec, large_gates=large)
+    state, records = p.state, p.records
+    state64, records64 = p.state.double(), float64_records(p.records)
+    plan, plan64 = CommitPlan.allocate(p.batch + 3, device), CommitPlan.allocate(p.batch + 3, device)
+    for rounds in (1, 2):
+        before = state.clone()
+        check_verify(p, state, records, state64, records64, rounds)
+        plan_both(p, plan, plan64, random_accepted(p, gen))
+        kernels.kda_recoverssm_commit(state, records, p.A_log, p.dt_bias, lower_bound, p.state_indices,
+                                      plan, record_indices=p.record_indices)
+        ref.kda_recoverssm_commit(state64, records64, p.A_log, p.dt_bias, lower_bound, p.state_indices,
+                                  plan64, record_indices=p.record_indices)
+        check_states(p, state, state64, before, rounds)
+        # next round: fresh tokens for the same requests
+        fresh = make_problem(device, H=H, K=K, V=V, T=T, act=act, state_dtype=state_dtype,
+                             lower_bound=lower_bound, seed=seed + rounds, with_record_indices=with_rec,
+                             large_gates=large)
+        p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
+
+
+@pytest.mark.parametrize("with_eager", [True, False])
+def test_deferred_two_rounds_match_reference(device, with_eager):
+    """flush, verify, plan, defer (+ commit of eager rows), twice, then a final flush."""
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    T = 4
+    p = make_problem(device, H=2, K=32, V=32, T=T, act=torch.bfloat16, state_dtype=torch.float32,
+                     lower_bound=-5.0, seed=seed)
+    rows = p.record_rows()
+    state, records = p.state, p.records
+    state64, records64 = p.state.double(), float64_records(p.records)
+    pending = torch.full((records.num_rows,), -7, dtype=torch.int32, device=device)  # rows no request owns
+    pending[rows] = 0
+    pending64 = pending.clone()
+    plan, plan64 = CommitPlan.allocate(p.batch, device), CommitPlan.allocate(p.batch, device)
+    eager = None
+    if with_eager:
+        eager = torch.tensor([b % 3 == 1 for b in range(p.batch)], device=device)
+    for rounds in (1, 2):
+        before = state.clone()
+        kernels.kda_recoverssm_flush(state, records, p.A_log, p.dt_bias, p.lower_bound, p.state_indices,
+                                     rows, pending, plan)
+        ref.kda_recoverssm_flush(state64, records64, p.A_log, p.dt_bias, p.lower_bound, p.state_indices,
+                                 rows, pending64, plan64)
+        assert torch.equal(pending, pending64)
+        assert torch.equal(plan.commit_lens, plan64.commit_lens)
+        check_states(p, state, state64, before, rounds)
+
+        check_verify(p, state, records, state64, records64)
+        accepted = random_accepted(p, gen)
+        accepted[0] = T  # row 0 (a full window, never eager) always has something to defer
+        plan_both(p, plan, plan64, accepted)
+        kernels.kda_recoverssm_defer(plan, p.state_indices, rows, pending, eager)
+        ref.kda_recoverssm_defer(plan64, p.state_indices, rows, pending64, eager)
+        assert torch.equal(pending, pending64), "pending counts differ after defer"
+        assert torch.equal(plan.commit_lens, plan64.commit_lens), "commit_lens differ after defer"
+        kernels.kda_recoverssm_commit(state, records, p.A_log, p.dt_bias, p.lower_bound, p.state_indices,
+                                      plan, record_indices=rows)
+        ref.kda_recoverssm_commit(state64, records64, p.A_log, p.dt_bias, p.lower_bound, p.state_indices,
+                                  plan64, record_indices=rows)
+        check_states(p, state, state64, before, rounds)
+        fresh = make_problem(device, H=2, K=32, V=32, T=T, act=torch.bfloat16, state_dtype=torch.float32,
+                             lower_bound=-5.0, seed=seed + rounds)
+        p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
+
+    deferred = pending.clone()
+    before = state.clone()
+    kernels.kda_recoverssm_flush(state, records, p.A_log, p.dt_bias, p.lower_bound, p.state_indices, rows,
+                                 pending, plan)
+    ref.kda_recoverssm_flush(state64, records64, p.A_log, p.dt_bias, p.lower_bound, p.state_indices, rows,
+                             pending64, plan64)
+    assert bool((deferred[rows] > 0).any()), "the test deferred nothing"
+    assert int(pending[rows].abs().sum()) == 0, "flush did not consume every pending count"
+    assert bool((pending[pending != 0] == -7).all()), "flush touched a pending count no row names"
+    check_states(p, state, state64, before, 2)
+
+    # a second flush has nothing left to fold: the state must not move
+    settled = state.clone()
+    kernels.kda_recoverssm_flush(state, records, p.A_log, p.dt_bias, p.lower_bound, p.state_indices, rows,
+                                 pending, plan)
+    assert same_bits(state, settled), "flushing twice folded the window twice"
+
+
+def test_defer_rules(device):
+    """Rows without a slot or record row leave pending alone; eager rows keep their plan."""
+    slots = torch.tensor([5, 0, -1, 7, 9], dtype=torch.int32, device=device)
+    rows = torch.tensor([3, 1, 2, -1, 0], dtype=torch.int32, device=device)
+    eager = torch.tensor([False, False, False, False, True], device=device)
+    for impl in (kernels, ref):
+        plan = CommitPlan.allocate(5, device)
+        plan.commit_lens.copy_(torch.tensor([4, 2, 3, 1, 6], dtype=torch.int32))
+        pending = torch.tensor([9, 9, 9, 9], dtype=torch.int32, device=device)
+        impl.kda_recoverssm_defer(plan, slots, rows, pending, eager)
+        assert pending.tolist() == [0, 9, 9, 4]
+        assert plan.commit_lens.tolist() == [0, 2, 3, 1, 6]
+        plan.commit_lens.copy_(torch.tensor([4, 2, 3, 1, 6], dtype=torch.int32))
+        pending.fill_(9)
+        impl.kda_recoverssm_defer(plan, slots, rows, pending)  # no eager tensor: nobody is eager
+        assert pending.tolist() == [6, 9, 9, 4]
+        assert plan.commit_lens.tolist() == [0, 2, 3, 1, 0]
+
+
+def test_stock_plan_rules(device):
+    T = 4
+    qsl = torch.tensor([0, 4, 8, 10, 10, 14, 18], dtype=torch.int32, device=device)
+    slots = torch.tensor([3, 4, 5, 6, 0, -1], dtype=torch.int32, device=device)
+    accepted = torch.tensor([2, 9, 3, 4, 4, 4], dtype=torch.int32, device=device)
+    for impl in (kernels, ref):
+        plan = CommitPlan.allocate(8, device)
+        plan.boundary_state_indices.fill_(77)
+        impl.kda_recoverssm_plan(plan, accepted, qsl, slots, T)
+        assert plan.commit_lens[:6].tolist() == [2, 4, 2, 0, 0, 0]
+        assert plan.final_state_indices[:6].tolist() == [3, 4, 5, 0, 0, 0]
+        assert plan.boundary_state_indices[:6].tolist() == [0] * 6
+        assert plan.boundary_recovery_lens[:6].tolist() == [0] * 6
+        assert plan.boundary_state_indices[6:].tolist() == [77, 77], "plan wrote past the batch"
+
+
+def test_align_plan_block_boundaries(device):
+    """bs = 8, T = 4: windows that stay inside a block, end exactly on a boundary, cross one."""
+    T, bs = 4, 8
+    qsl = torch.tensor([0, 4, 8, 12, 16, 20], dtype=torch.int32, device=device)
+    slots = torch.tensor([11, 21, 31, 41, 51], dtype=torch.int32, device=device)
+    table = torch.tensor([[11, 12, 13], [21, 22, 23], [31, 32, 33], [41, 42, 43], [51, 52, 53]],
+                         dtype=torch.int32, device=device)
+    computed = torch.tensor([1, 5, 6, 8, 22], dtype=torch.int32, device=device)
+    accepted = torch.tensor([3, 3, 4, 0, 2], dtype=torch.int32, device=device)
+    # row 0: 1+3=4 inside block 0.  row 1: 5+3=8 ends exactly on the boundary (old c_end//bs
+    # formula would pick column 1).  row 2: 6+4=10 crosses into block 1.  row 3: nothing accepted.
+    # row 4: 22+2=24 ends on a boundary past the table width: final clamps to the last column.
+    for impl in (kernels, ref):
+        plan = CommitPlan.allocate(5, device)
+        impl.kda_recoverssm_plan(plan, accepted, qsl, slots, T, block_table=table, num_computed=computed,
+                                 block_size=bs)
+        assert plan.commit_lens.tolist() == [3, 3, 4, 0, 2]
+        assert plan.final_state_indices.tolist() == [11, 21, 32, 0, 53]
+        assert plan.boundary_state_indices.tolist() == [0, 21, 31, 0, 53]
+        assert plan.boundary_recovery_lens.tolist() == [0, 3, 2, 0, 2]
+
+
+def test_align_commit_writes_final_and_boundary(device):
+    seed = fresh_seed()
+    T, bs = 4, 4
+    p = make_problem(device, H=2, K=32, V=32, T=T, act=torch.float32, state_dtype=torch.float32,
+                     lower_bound=-5.0, seed=seed, lengths=[4, 4, 4], kinds=[1, 1, 1])
+    n_slots = p.state.shape[0]
+    free = [s for s in range(1, n_slots) if s not in p.state_indices.tolist()]
+    table = torch.tensor([[int(p.state_indices[b]), free[2 * b], free[2 * b + 1]] for b in range(3)],
+                         dtype=torch.int32, device=device)
+    computed = torch.tensor([2, 2, 1], dtype=torch.int32, device=device)
+    accepted = torch.tensor([2, 4, 1], dtype=torch.int32, device=device)  # ends on, crosses, inside
+    state64, records64 = p.state.double(), float64_records(p.records)
+    p.verify(kernels, p.state, p.records)
+    p.verify(ref, state64, records64, acts_dtype=torch.float64)
+    plan, plan64 = CommitPlan.allocate(3, device), CommitPlan.allocate(3, device)
+    align = dict(block_table=table, num_computed=computed, block_size=bs)
+    plan_both(p, plan, plan64, accepted, **align)
+    assert plan.boundary_recovery_lens.tolist() == [2, 2, 0]
+    before = p.state.clone()
+    kernels.kda_recoverssm_commit(p.state, p.records, p.A_log, p.dt_bias, -5.0, p.state_indices, plan,
+                                  record_indices=p.record_indices)
+    ref.kda_recoverssm_commit(state64, records64, p.A_log, p.dt_bias, -5.0, p.state_indices, plan64,
+                              record_indices=p.record_indices)
+    written = [int(s) for s in plan.final_state_indices.tolist() + plan.boundary_state_indices.tolist() if s > 0]
+    assert int(plan.final_state_indices[1]) == free[2] and int(plan.boundary_state_indices[1]) == table[1, 0]
+    for s in written:
+        assert rel_rmse(p.state[s], state64[s]) <= FP32_RMSE
+    untouched = [s for s in range(n_slots) if s not in written]
+    assert same_bits(p.state[untouched], before[untouched])
+
+
+def test_zero_tokens_leave_out_untouched(device):
+    p = make_problem(device, H=1, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32,
+                     lower_bound=None, seed=1, lengths=[0, 0], kinds=[1, -1])
+    empty = lambda x: x[:, :0]  # noqa: E731
+    out = torch.full((1, 0, 1, 16), 3.0, device=device)
+    result = kernels.kda_recoverssm_verify(empty(p.q), empty(p.k), empty(p.v), empty(p.raw_g), empty(p.raw_beta),
+                                           p.A_log, p.dt_bias, None, p.state, p.records,
+                                           torch.zeros(3, dtype=torch.int32, device=device), p.state_indices, 2,
+                                           out=out, record_indices=p.record_indices)
+    assert result is out
+
+
+def _verify_kwargs(p: Problem) -> dict:
+    q, k, v, g, beta = p.activations()
+    return dict(q=q, k=k, v=v, raw_g=g, raw_beta=beta, A_log=p.A_log, dt_bias=p.dt_bias, lower_bound=-5.0,
+                checkpoint_state=p.state, records=p.records, query_start_loc=p.query_start_loc,
+                state_indices=p.state_indices, spec_query_len=p.T, out=None, record_indices=p.record_indices)
+
+
+BAD_VERIFY_ARGS = [
+    ("q", lambda a: a["q"][..., :8], "q: expected shape"),
+    ("k dtype", lambda a: a["k"].half(), "q: expected torch.float16 like k"),
+    ("v heads", lambda a: a["v"].transpose(2, 3).contiguous().transpose(2, 3), "v: heads must be contiguous"),
+    ("raw_beta", lambda a: a["raw_beta"][..., None], "raw_beta: expected shape"),
+    ("A_log", lambda a: a["A_log"].double(), "A_log: expected a float32 tensor"),
+    ("dt_bias", lambda a: a["dt_bias"][:-1], "dt_bias: expected"),
+    ("checkpoint_state", lambda a: a["checkpoint_state"].half(), "checkpoint_state: expected float32 or bfloat16"),
+    ("query_start_loc", lambda a: a["query_start_loc"].long(), "query_start_loc: expected int32"),
+    ("state_indices", lambda a: a["state_indices"][:-1], "state_indices: expected"),
+    ("record_indices", lambda a: a["record_indices"][:-1], "record_indices: expected"),
+    ("spec_query_len", lambda a: 3, "records.correction: expected"),
+    ("out", lambda a: torch.empty_like(a["v"], dtype=torch.float64), "out: expected torch.float32"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,message", BAD_VERIFY_ARGS, ids=[b[0] for b in BAD_VERIFY_ARGS])
+def test_verify_rejects_bad_arguments(device, name, mutate, message):
+    p = make_problem(device, H=2, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32,
+                     lower_bound=-5.0, seed=2)
+    args = _verify_kwargs(p)
+    key = name.split()[0]
+    if key == "k":
+        args["k"] = mutate(args)
+        args["records"] = kernels.allocate_records(p.records.num_rows, 2, 2, 16, 16, torch.float16, device)
+    else:
+        args[key] = mutate(args)
+    for impl in (kernels, ref):
+        with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+            impl.kda_recoverssm_verify(**args)
+
+
+def test_verify_rejects_too_many_tokens(device):
+    p = make_problem(device, H=1, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32,
+                     lower_bound=-5.0, seed=3, lengths=[2], kinds=[1])
+    args = _verify_kwargs(p)
+    for name in ("q", "k", "v", "raw_g", "raw_beta"):
+        args[name] = torch.cat([args[name]] * 2, dim=1)
+    with pytest.raises(ValueError, match="q: T_tot = 4 exceeds B\\*T = 1\\*2"):
+        kernels.kda_recoverssm_verify(**args)
+
+
+def test_commit_and_plan_reject_bad_arguments(device):
+    p = make_problem(device, H=1, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32,
+                     lower_bound=-5.0, seed=4)
+    small = CommitPlan.allocate(1, device)
+    with pytest.raises(ValueError, match="plan: holds 1 rows"):
+        kernels.kda_recoverssm_commit(p.state, p.records, p.A_log, p.dt_bias, -5.0, p.state_indices, small)
+    plan = CommitPlan.allocate(p.batch, device)
+    with pytest.raises(ValueError, match="num_accepted: expected int32"):
+        kernels.kda_recoverssm_plan(plan, torch.zeros(p.batch, device=device), p.query_start_loc,
+                                    p.state_indices, p.T)
+    with pytest.raises(ValueError, match="block_table: align mode needs"):
+        kernels.kda_recoverssm_plan(plan, torch.zeros(p.batch, dtype=torch.int32, device=device),
+                                    p.query_start_loc, p.state_indices, p.T, block_size=8)
+    with pytest.raises(ValueError, match="eager: expected"):
+        kernels.kda_recoverssm_defer(plan, p.state_indices, p.record_rows(),
+                                     torch.zeros(p.records.num_rows, dtype=torch.int32, device=device),
+                                     eager=torch.zeros(1, device=device))
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("T", [8, 4])
+def test_kimi_k3_shapes(device, T):
+    """H=12, K=V=128, B=256 with every kind of row, fp32 state, bf16 activations."""
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    lengths, kinds = standard_rows(T)
+    reps = 256 // len(lengths)
+    lengths = (lengths * (reps + 1))[:256]
+    kinds = (kinds * (reps + 1))[:256]
+    p = make_problem(device, H=12, K=128, V=128, T=T, act=torch.bfloat16, state_dtype=torch.float32,
+                     lower_bound=-5.0, seed=seed, lengths=lengths, kinds=kinds)
+    state64, records64 = p.state.double(), float64_records(p.records)
+    before = p.state.clone()
+    check_verify(p, p.state, p.records, state64, records64)
+    plan, plan64 = CommitPlan.allocate(256, device), CommitPlan.allocate(256, device)
+    accepted = torch.tensor([gen.randint(0, T) for _ in range(256)], dtype=torch.int32, device=device)
+    plan_both(p, plan, plan64, accepted)
+    kernels.kda_recoverssm_commit(p.state, p.records, p.A_log, p.dt_bias, -5.0, p.state_indices, plan,
+                                  record_indices=p.record_indices)
+    ref.kda_recoverssm_commit(state64, records64, p.A_log, p.dt_bias, -5.0, p.state_indices, plan64,
+                              record_indices=p.record_indices)
+    check_states(p, p.state, state64, before, 1)
