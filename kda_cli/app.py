@@ -37,9 +37,10 @@ def _register() -> None:
 
 def _print_error(message: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False).print(
-        f"[bold red]Error:[/] {message}", markup=True, soft_wrap=True)
+        f"[bold red]Error:[/] {escape(message)}", markup=True, soft_wrap=True)
 
 
 def main() -> None:
@@ -47,7 +48,9 @@ def main() -> None:
     _register()
     debug = os.environ.get("KDA_DEBUG") == "1"
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's ``typer.Exit(n)`` comes back as ``n``
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except CommandError as exc:
         if debug:
             traceback.print_exc()

@@ -15,6 +15,9 @@ DOT_PRECISION = "tf32x3"
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 
+_FACTORED_LOG_RANGE = 80.0
+"""Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -32,6 +35,13 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
 
 
 def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
-    block_k = triton.next_power_of_2(head_k_dim)
-    block_v = min(32, triton.next_power_of_2(head_v_dim))
-    return TileConfig(block_k, block_v, spec_query_len, num_warps=4)
+    block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
+    block_t = max(_DOT_MIN, triton.next_power_of_2(spec_query_len))
+    block_v = max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim)))
+    return TileConfig(block_k, block_v, block_t, num_warps=4)
+
+
+def factored_window(lower_bound: float | None, spec_query_len: int) -> bool:
+    """Whether verify may factor ``exp(G_t - G_j)`` as ``exp(G_t) exp(-G_j)``: only when a
+    lower bound caps each token's log decay, so that the window's stays in float32 range."""
+    return lower_bound is not None and spec_query_len * abs(lower_bound) <= _FACTORED_LOG_RANGE

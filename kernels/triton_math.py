@@ -2,7 +2,8 @@
 
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
-these formulas out itself. All arithmetic is float32.
+these formulas out itself. Window tiles are ``[BT, BK]``: one row per token, one column
+per key channel. All arithmetic is float32.
 """
 
 import triton
@@ -13,24 +14,41 @@ NORM_EPS = tl.constexpr(1e-6)
 
 
 @triton.jit
-def kda_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """Per-channel decay ``a = exp(g)`` of one token's raw gate (float32, any shape over K)."""
+def kda_log_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
+    """Log decay ``g`` (<= 0 for the gates KDA uses) of raw gates ``[..., BK]``; ``dt_bias [BK]``."""
     x = raw_g + dt_bias
     if HAS_LOWER_BOUND:
         g = lower_bound * tl.sigmoid(A * x)
     else:
         softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
         g = -A * softplus
-    return tl.exp(g)
+    return g
 
 
 @triton.jit
-def l2_normalize(x):
-    """``x * rsqrt(sum(x^2) + eps)`` of a float32 K-vector (masked lanes must hold 0)."""
-    return x * tl.rsqrt(tl.sum(x * x, axis=0) + NORM_EPS)
+def l2_normalize_rows(x):
+    """``x * rsqrt(sum(x^2) + eps)`` for each row of ``[BT, BK]`` (masked lanes must hold 0)."""
+    return x * tl.rsqrt(tl.sum(x * x, axis=1) + NORM_EPS)[:, None]
+
+
+@triton.jit
+def window_keys_and_gates(k_raw, g_raw, live, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
+    """Normalised keys and log decays of a window tile; rows where ``live`` is false are 0.
+
+    ``k_raw``, ``g_raw``: ``[BT, BK]`` in any float dtype; ``live``: ``[BT, 1]`` or ``[BT, BK]``.
+    """
+    key = tl.where(live, l2_normalize_rows(k_raw.to(tl.float32)), 0.0)
+    g = tl.where(live, kda_log_decay(g_raw.to(tl.float32), dt_bias[None, :], A, lower_bound, HAS_LOWER_BOUND), 0.0)
+    return key, g
 
 
 @triton.jit
 def recurrence_step(S, decay, key, correction):
     """One gated delta-rule update: ``S * decay[None, :] + correction[:, None] * key[None, :]``."""
     return S * decay[None, :] + correction[:, None] * key[None, :]
+
+
+@triton.jit
+def tile_row(x, rows, t):
+    """Row ``t`` of a ``[BT, N]`` tile as an ``[N]`` vector; ``rows`` is ``arange(0, BT)``."""
+    return tl.sum(tl.where(rows[:, None] == t, x, 0.0), axis=0)

@@ -1,18 +1,19 @@
 """RecoverSSM verify: a speculative window run from a read-only checkpoint.
 
 One program owns one (V-tile, row, head). It never steps the state token by token; the
-window is computed in the matrix form of docs section 3b from one read of the state:
+window is computed in the matrix form of docs section 3b from one read of the state.
+With ``G`` the cumulative log decay over the window and ``k^``, ``q^`` the normalised keys
+and queries (``[T, K]`` tiles):
 
-    Z_t   = Z_{t-1} * a_t + e_t (x) k^_t          ([T, K], the one recurrence step helper)
-    A[t]  = Z_{t-1} (a_t * k^_t)                  strictly lower T x T
-    C[t]  = Z_t q^_t                              lower T x T
-    Minv  = (I + diag(b) A)^-1                    forward substitution on T x T
-    U     = b * (V - S_0 W^T) Minv^T              corrections, [BV, T]
-    O     = S_0 P^T + U C^T                       outputs, [BV, T]
+    W = exp(G) * k^,  P = exp(G) * q^
+    A = strict_lower(W (exp(-G) * k^)^T),  C = lower(P (exp(-G) * k^)^T)       T x T
+    U = b * (V - S_0 W^T) (I + diag(b) A)^-T                                   [BV, T]
+    O = S_0 P^T + U C^T                                                        [BV, T]
 
-where W and P hold the keys and queries scaled by the cumulative decay. The T x T work
-is independent of the state and overlaps its load; the state is touched by two small
-matrix products in float32 (split-precision tf32 on tensor cores).
+The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
+is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
+built one token at a time with the shared recurrence step, where every factor is <= 1.
+The state is touched by two small matrix products in float32 (split-precision tf32).
 """
 
 from __future__ import annotations
@@ -23,8 +24,38 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
 from kernels.contract import check_verify_args
-from kernels.launch import DOT_PRECISION, verify_config
-from kernels.triton_math import kda_decay, l2_normalize, recurrence_step
+from kernels.launch import DOT_PRECISION, factored_window, verify_config
+from kernels.triton_math import l2_normalize_rows, recurrence_step, tile_row, window_keys_and_gates
+
+
+@triton.jit
+def _stepwise_window_products(g, key, query, T: tl.constexpr, BT: tl.constexpr):
+    """``A`` and ``C`` of a window by the recurrence ``Z_t = Z_{t-1} a_t + e_t k^_t``."""
+    offs_t = tl.arange(0, BT)
+    rows = offs_t[:, None]
+    Z = tl.zeros(key.shape, tl.float32)
+    A = tl.zeros((BT, BT), tl.float32)
+    C = tl.zeros((BT, BT), tl.float32)
+    for t in tl.static_range(T):
+        a_t = tl.exp(tile_row(g, offs_t, t))
+        key_t = tile_row(key, offs_t, t)
+        A = tl.where(rows == t, tl.sum(Z * (a_t * key_t)[None, :], axis=1)[None, :], A)
+        Z = recurrence_step(Z, a_t, key_t, (offs_t == t).to(tl.float32))
+        C = tl.where(rows == t, tl.sum(Z * tile_row(query, offs_t, t)[None, :], axis=1)[None, :], C)
+    return A, C
+
+
+@triton.jit
+def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
+    """``(I + diag(beta) A)^-1`` for strictly lower ``A [BT, BT]``, by forward substitution."""
+    offs_t = tl.arange(0, BT)
+    inverse = tl.zeros((BT, BT), tl.float32)
+    for t in tl.static_range(T):
+        b_t = tl.sum(tl.where(offs_t == t, beta, 0.0), axis=0)
+        a_row = tile_row(A, offs_t, t)
+        row = (offs_t == t).to(tl.float32) - b_t * tl.sum(a_row[:, None] * inverse, axis=0)
+        inverse = tl.where(offs_t[:, None] == t, row[None, :], inverse)
+    return inverse
 
 
 @triton.jit
@@ -36,7 +67,8 @@ def _verify_kernel(
     stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
@@ -55,7 +87,8 @@ def _verify_kernel(
     offs_t = tl.arange(0, BT)
     mask_v = offs_v < V
     mask_k = offs_k < K
-    mask_vt = mask_v[:, None] & (offs_t[None, :] < length)
+    live = offs_t < length
+    mask_vt = mask_v[:, None] & live[None, :]
     out_ptrs = out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None]
 
     if length > 0:
@@ -65,46 +98,39 @@ def _verify_kernel(
             values = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
                              mask=mask_vt, other=0.0).to(tl.float32)
 
-            A = tl.exp(tl.load(A_log_ptr + h))
+            mask_tk = live[:, None] & mask_k[None, :]
+            tok = start + offs_t[:, None]
+            k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
+            g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
+            q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
+            beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=live,
+                                      other=0.0).to(tl.float32))
+            A_h = tl.exp(tl.load(A_log_ptr + h))
             dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
-            scale = K ** -0.5
-            rows = offs_t[:, None]
-            cumulative = tl.full((BK,), 1.0, tl.float32)
-            beta = tl.zeros((BT,), tl.float32)
-            Z = tl.zeros((BT, BK), tl.float32)
-            W = tl.zeros((BT, BK), tl.float32)
-            P = tl.zeros((BT, BK), tl.float32)
-            C = tl.zeros((BT, BT), tl.float32)
-            Minv = tl.zeros((BT, BT), tl.float32)
-            for t in tl.static_range(T):
-                live = t < length
-                tok = start + tl.minimum(t, length - 1)
-                k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k, mask=mask_k, other=0.0)
-                g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k, mask=mask_k, other=0.0)
-                q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k, mask=mask_k, other=0.0)
-                b_t = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h).to(tl.float32))
-                a_t = tl.where(live, kda_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND), 1.0)
-                key = tl.where(live, l2_normalize(k_raw.to(tl.float32)), 0.0)
-                query = tl.where(live, l2_normalize(q_raw.to(tl.float32)) * scale, 0.0)
-                cumulative = cumulative * a_t
 
-                a_row = tl.sum(Z * (a_t * key)[None, :], axis=1)
-                minv_row = (offs_t == t).to(tl.float32) - b_t * tl.sum(a_row[:, None] * Minv, axis=0)
-                Minv = tl.where(rows == t, minv_row[None, :], Minv)
-                Z = recurrence_step(Z, a_t, key, (offs_t == t).to(tl.float32))
-                C = tl.where(rows == t, tl.sum(Z * query[None, :], axis=1)[None, :], C)
-                W = tl.where(rows == t, (cumulative * key)[None, :], W)
-                P = tl.where(rows == t, (cumulative * query)[None, :], P)
-                beta = tl.where(offs_t == t, b_t, beta)
+            key, g = window_keys_and_gates(k_raw, g_raw, live[:, None], dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
+            query = tl.where(live[:, None], l2_normalize_rows(q_raw.to(tl.float32)), 0.0) * (K ** -0.5)
+            G = tl.cumsum(g, axis=0)
+            W = tl.exp(G) * key
+            P = tl.exp(G) * query
+            if FACTORED:
+                rows = offs_t[:, None]
+                cols = offs_t[None, :]
+                growth = tl.exp(-G) * key
+                A = tl.where(cols < rows, tl.dot(W, tl.trans(growth), input_precision=DOT_PRECISION), 0.0)
+                C = tl.where(cols <= rows, tl.dot(P, tl.trans(growth), input_precision=DOT_PRECISION), 0.0)
+            else:
+                A, C = _stepwise_window_products(g, key, query, T, BT)
+            inverse = _unit_lower_inverse(A, beta, T, BT)
 
-                if (pid_v == 0) & live & (rec >= 0):
-                    kg_ptrs = key_gate_ptr + ((rec * H + h) * T + t) * (2 * K) + offs_k
-                    tl.store(kg_ptrs, k_raw, mask=mask_k)
-                    tl.store(kg_ptrs + K, g_raw, mask=mask_k)
+            if (pid_v == 0) & (rec >= 0):
+                kg_ptrs = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K) + offs_k[None, :]
+                tl.store(kg_ptrs, k_raw, mask=mask_tk)
+                tl.store(kg_ptrs + K, g_raw, mask=mask_tk)
 
             SW = tl.dot(S, tl.trans(W), input_precision=DOT_PRECISION)
             SP = tl.dot(S, tl.trans(P), input_precision=DOT_PRECISION)
-            U = tl.dot(beta[None, :] * (values - SW), tl.trans(Minv), input_precision=DOT_PRECISION)
+            U = tl.dot(beta[None, :] * (values - SW), tl.trans(inverse), input_precision=DOT_PRECISION)
             O = SP + tl.dot(U, tl.trans(C), input_precision=DOT_PRECISION)
             tl.store(out_ptrs, O.to(out_ptr.dtype.element_ty), mask=mask_vt)
             if rec >= 0:
@@ -140,6 +166,7 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
         H=d.num_heads, K=d.head_k_dim, V=d.head_v_dim, T=d.spec_query_len,
         BK=cfg.block_k, BV=cfg.block_v, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
+        FACTORED=factored_window(lower_bound, d.spec_query_len),
         DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
     )
     return out

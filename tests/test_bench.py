@@ -105,8 +105,8 @@ def test_interpreter_smoke_run_times_every_op_of_each_impl(device):
             assert r.bytes == bench.op_bytes(name, TINY, 2, 2, counts)
             assert r.committed_tokens == sum(counts)
     ratios = bench.impl_ratios(run)
-    assert ratios[("triton", "verify", 2, 2)] == 1.0
-    assert ratios[("reference", "verify", 2, 2)] > 0
+    assert ratios[("triton", "verify", 2, 2, None)] == 1.0
+    assert ratios[("reference", "verify", 2, 2, None)] > 0
 
 
 def test_interpreter_smoke_cli_json_and_save_round_trip(tmp_path):
@@ -149,3 +149,44 @@ def test_load_run_rejects_other_files(tmp_path):
         bench.load_run(str(other))
     with pytest.raises(ValueError, match="cannot read"):
         bench.load_run(str(tmp_path / "missing.json"))
+
+
+def test_trace_event_bytes_by_hand():
+    s = bench.Shape(heads=2, head_k_dim=16, head_v_dim=16, act_bytes=2, state_bytes=4)  # T=2 below
+    # verify: row 0 real (2 tokens, record row 0); row 1 null slot; row 2 empty window.
+    # One slot read 2048; 3 tokens of activations 3*2*65*2 = 780 and outputs 3*2*16*2 = 192;
+    # records of row 0's 2 tokens 2*256.
+    verify = {"query_start_loc": [0, 2, 3, 3], "state_indices": [1, 0, 2], "record_indices": [0, 1, -1]}
+    assert bench.event_bytes("verify", s, 2, verify, {}, []) == (2048 + 780 + 192 + 512, 0)
+    # commit: row 0 folds 2 into final and boundary (after 1): 1 read + 2 writes + 2 tokens;
+    # row 1 folds 1 into final: 1 read + 1 write + 1 token; row 2 folds nothing.
+    plan = {"commit_lens": [2, 1, 0], "final_state_indices": [1, 4, 0], "boundary_state_indices": [5, 0, 0],
+            "boundary_recovery_lens": [1, 0, 0]}
+    assert bench.event_bytes("commit", s, 2, {"state_indices": [1, 2, 3]}, plan, []) == (
+        3 * 2048 + 2 * 256 + 2 * 2048 + 256, 3)
+    # flush: rows 0 and 1 share record row 1 (pending 3, clamped to T=2, consumed once); row 2 is null.
+    flush = {"state_indices": [1, 2, 0], "record_rows": [1, 1, 0]}
+    assert bench.event_bytes("flush", s, 2, flush, {}, [2, 3, 1]) == (3 * 32 + 2 * 2048 + 2 * 256, 2)
+
+
+def test_interpreter_smoke_trace_times_every_event(tmp_path, device):
+    from traces.io import read_trace
+    from traces.synth import SynthConfig, synthesize
+
+    path = tmp_path / "tiny.safetensors"
+    synthesize(SynthConfig(preset="tiny", requests=3, seed=1, max_batch=2, max_decode_steps=2, steps=3)).write(path)
+    with read_trace(path) as trace:
+        ops = [e.op for e in trace.events]
+        run = bench.run_trace_bench(trace, bench.BenchConfig(impls=("triton",), smoke=True), device)
+    assert [(r.event, r.name) for r in run.rows] == list(enumerate(ops))
+    assert {"verify", "plan", "defer", "commit", "flush"} <= set(ops)
+    assert all(r.error is None and r.count == 2 and r.median_us > 0 for r in run.rows)
+    assert all(r.bytes > 0 for r in run.rows if r.name in ("verify", "plan", "defer", "flush"))
+    assert run.workload["trace"] == str(path) and run.label == bench.SMOKE_LABEL
+
+
+def test_trace_refuses_preset_options():
+    result = kda("bench", "--trace", "x.safetensors", "--batch", "8", "--accept", "random", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: --batch, --accept describe a preset sweep and do not apply with --trace"]

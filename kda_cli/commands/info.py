@@ -1,0 +1,76 @@
+"""``kda info``: what a trace holds, from its manifest; parsing and rendering only."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+from kda_cli.app import app
+from kda_cli.runtime import EXIT_BAD_INPUT, CommandError
+
+
+def trace_summary(trace) -> dict:
+    """The manifest's facts and counts, as plain JSON types."""
+    from traces.schema import FORMAT_NAME, FORMAT_VERSION
+
+    m = trace.manifest
+    per_op = Counter(e.op for e in m.events)
+    with_expected = Counter(e.op for e in m.events if e.expected)
+    return {
+        "path": str(trace.path), "file_bytes": trace.path.stat().st_size, "tensors": len(trace.names),
+        "format": FORMAT_NAME, "version": FORMAT_VERSION,
+        "dims": {"H": m.dims.H, "K": m.dims.K, "V": m.dims.V, "T": m.dims.T},
+        "dtypes": {"activation": m.activation_dtype, "state": m.state_dtype},
+        "lower_bound": m.lower_bound, "null_id": m.null_id,
+        "buffers": {"num_slots": m.sizes.num_slots, "num_record_rows": m.sizes.num_record_rows,
+                    "plan_rows": m.sizes.plan_rows},
+        "events": len(m.events),
+        "events_per_op": dict(per_op), "events_with_expected": dict(with_expected),
+        "final_buffers": bool(m.final), "provenance": m.provenance,
+    }
+
+
+@app.command()
+def info(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    format: str = typer.Option("human", "--format", help="human or json."),
+) -> None:
+    """Summarise a trace: shapes, dtypes, buffer sizes, events per op, provenance."""
+    if format not in ("human", "json"):
+        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    from traces.io import read_trace
+    from traces.schema import TraceError
+
+    try:
+        with read_trace(trace) as opened:
+            s = trace_summary(opened)
+    except TraceError as exc:
+        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+    if format == "json":
+        print(json.dumps(s))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(file=sys.stdout, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
+    d, b = s["dims"], s["buffers"]
+    lines = [
+        f"trace {s['path']} ({s['file_bytes'] / 2**20:.2f} MiB, {s['tensors']} tensors), {s['format']} v{s['version']}",
+        f"shape: H={d['H']} K={d['K']} V={d['V']} T={d['T']}; {s['dtypes']['activation']} activations, "
+        f"{s['dtypes']['state']} state; lower_bound {s['lower_bound']}; null id {s['null_id']}",
+        f"buffers: {b['num_slots']} state slots, {b['num_record_rows']} record rows, {b['plan_rows']} plan rows; "
+        f"final buffers {'recorded' if s['final_buffers'] else 'not recorded'}",
+        f"events: {s['events']}: " + ", ".join(
+            f"{op} {n} ({s['events_with_expected'].get(op, 0)} with expected results)"
+            for op, n in s["events_per_op"].items()),
+    ]
+    for key, value in s["provenance"].items():
+        shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
+        lines.append(f"{key}: {shown}")
+    for line in lines:
+        console.print(escape(line))

@@ -1,0 +1,237 @@
+"""``kda replay``: replay a trace through an implementation; parsing and rendering only.
+
+The engine is ``traces.replay``; comparisons are ``traces.compare``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kda_cli.app import app
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, select_device
+
+SAMPLE = "k3-tp8-sample.safetensors"
+MAX_DETAILED = 10
+"""Failing tensors shown with their first and worst element in the human report."""
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 160  # data piped to a file: do not truncate the tables
+    return console
+
+
+def parse_tolerances(atol: List[str], rtol: List[str]) -> dict:
+    """``--atol``/``--rtol`` values ``DTYPE=X`` or ``X`` (every float dtype) -> overrides."""
+    from traces.compare import DEFAULT_TOLERANCES, Tolerance
+
+    table = dict(DEFAULT_TOLERANCES)
+    for option, values in (("atol", atol), ("rtol", rtol)):
+        for value in values:
+            dtype, _, number = value.rpartition("=")
+            dtypes = [dtype] if dtype else list(table)
+            if dtype and dtype not in table:
+                raise CommandError(f"--{option} {value}: unknown dtype {dtype!r} (one of {', '.join(table)})",
+                                   EXIT_BAD_INPUT)
+            try:
+                x = float(number)
+            except ValueError:
+                raise CommandError(f"--{option} {value}: expected DTYPE=NUMBER or NUMBER", EXIT_BAD_INPUT) from None
+            if not x >= 0:
+                raise CommandError(f"--{option} {value}: must be >= 0", EXIT_BAD_INPUT)
+            for d in dtypes:
+                old = table[d]
+                table[d] = Tolerance(x, old.rtol) if option == "atol" else Tolerance(old.atol, x)
+    return table
+
+
+def parse_range(text: Optional[str], count: int) -> tuple[int, int]:
+    """``A:B`` (either side may be empty) -> a half-open range within ``count`` events."""
+    if text is None:
+        return 0, count
+    start, sep, stop = text.partition(":")
+    try:
+        a = int(start) if start.strip() else 0
+        b = int(stop) if stop.strip() else count
+        if not sep:
+            b = a + 1
+    except ValueError:
+        raise CommandError(f"--events {text}: expected A:B with integers", EXIT_BAD_INPUT) from None
+    if not 0 <= a < b <= count:
+        raise CommandError(f"--events {text}: the trace has events 0..{count - 1}", EXIT_BAD_INPUT)
+    return a, b
+
+
+@app.command()
+def replay(
+    trace: Optional[Path] = typer.Argument(None, help="Trace file; the shipped Kimi-K3 sample when omitted."),
+    impl: str = typer.Option("triton", "--impl", help="triton, reference, a module name or a .py file path."),
+    format: str = typer.Option("human", "--format", help="human or json."),
+    stop_at_first: bool = typer.Option(False, "--stop-at-first", help="Stop after the first event with a mismatch."),
+    events: Optional[str] = typer.Option(None, "--events", help="Compare events A:B only (earlier ones still run)."),
+    atol: List[str] = typer.Option([], "--atol", help="DTYPE=X or X for every float dtype; repeatable."),
+    rtol: List[str] = typer.Option([], "--rtol", help="DTYPE=X or X for every float dtype; repeatable."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr (terminals only)."),
+) -> None:
+    """Replay a trace's events and compare every result with the recorded one.
+
+    Exit codes: 0 match, 1 mismatch, 2 bad input or usage, 3 runtime failure.
+    """
+    if format not in ("human", "json"):
+        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    tolerances = parse_tolerances(atol, rtol)
+    device = select_device()  # before the kernels are imported
+    if device == "cpu":
+        import warnings
+
+        # numpy in the interpreter warns when exp overflows to inf, as a sigmoid's may; the
+        # result is IEEE-correct and any non-finite output fails the comparison anyway
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+
+    from traces.impl import ImplError, load_impl
+    from traces.io import read_trace
+    from traces.replay import ReplayFailure, replay as run_replay
+    from traces.schema import TraceError
+
+    with ExitStack() as stack:
+        if trace is None:
+            from importlib.resources import as_file, files
+
+            path = stack.enter_context(as_file(files("traces") / "samples" / SAMPLE))
+        else:
+            path = trace
+        try:
+            opened = stack.enter_context(read_trace(path))
+        except TraceError as exc:
+            raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+        span = parse_range(events, len(opened.events))
+        try:
+            module = load_impl(impl)
+        except ImplError as exc:
+            raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+        bar = stack.enter_context(_Progress(progress and sys.stderr.isatty(), span[1]))
+        try:
+            report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
+                                events=span, stop_at_first=stop_at_first, progress=bar.update)
+        except ReplayFailure as exc:
+            raise CommandError(f"{impl} failed at {exc}", EXIT_RUNTIME) from None
+        except TraceError as exc:
+            raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+    if format == "json":
+        print(json.dumps(report.to_json()))
+    else:
+        _render(report, opened.manifest)
+    if not report.passed:
+        raise typer.Exit(EXIT_MISMATCH)
+
+
+class _Progress:
+    """A rich progress bar on stderr, or nothing."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.bar, self.task = enabled, total, None, None
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress("replay", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=_console(stderr=True), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("replay", total=self.total)
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def _g(x) -> str:
+    return "-" if x is None else f"{x:.2e}" if isinstance(x, float) and x else str(x)
+
+
+def _where(bad) -> str:
+    return " ".join(f"{k}={v}" for k, v in bad.coords.items())
+
+
+def _render(report, manifest) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console()
+    d = manifest.dims
+    a, b = report.event_range
+    console.print(f"trace {escape(report.trace)}")
+    console.print(f"impl {report.impl} on {report.device}"
+                  f"{' (Triton interpreter)' if report.device == 'cpu' and report.impl == 'triton' else ''}; "
+                  f"H={d.H} K={d.K} V={d.V} T={d.T}, {manifest.activation_dtype} activations, "
+                  f"{manifest.state_dtype} state; events {a}:{b} of {len(manifest.events)}"
+                  f"{' (stopped at the first mismatch)' if report.stopped_early else ''}")
+    tol = "; ".join(f"{k} atol={t.atol:g} rtol={t.rtol:g}" for k, t in report.tolerances.items())
+    console.print(f"tolerances: {tol}; integers and records.key_gate exact")
+
+    per_tensor: dict[tuple[str, str], dict] = {}
+    for e in report.events:
+        for c in e.comparisons:
+            row = per_tensor.setdefault((e.op, c.role), {"n": 0, "abs": 0.0, "rel": 0.0, "rmse": 0.0, "ulp": None,
+                                                          "bad": 0, "bad_events": 0})
+            row["n"] += 1
+            row["abs"], row["rel"], row["rmse"] = max(row["abs"], c.max_abs), max(row["rel"], c.max_rel), \
+                max(row["rmse"], c.rel_rmse)
+            if c.max_ulp is not None:
+                row["ulp"] = max(row["ulp"] or 0, c.max_ulp)
+            row["bad"] += c.mismatches
+            row["bad_events"] += 0 if c.passed else 1
+    for c in report.final:
+        per_tensor[("final", c.role)] = {"n": 1, "abs": c.max_abs, "rel": c.max_rel, "rmse": c.rel_rmse,
+                                         "ulp": c.max_ulp, "bad": c.mismatches, "bad_events": 0 if c.passed else 1}
+
+    summary = report.summary()
+    ops = Table(title="per op", title_justify="left")
+    for col in ("op", "events", "tensors", "bad events", "median ms"):
+        ops.add_column(col, justify="left" if col == "op" else "right")
+    for op, row in summary.items():
+        ms = "n/a" if not report.timed else _g(row["median_ms"])
+        ops.add_row(op, str(row["events"]), str(row["tensors"]), str(row["mismatched_events"]), ms)
+    console.print(ops)
+    if not report.timed:
+        console.print("timings: n/a, not on a GPU (the Triton interpreter and the CPU say nothing about kernel speed)")
+
+    tensors = Table(title="per tensor (worst over events)", title_justify="left")
+    for col in ("op", "tensor", "events", "max abs", "max rel", "rel rmse", "ulp", "mismatches"):
+        tensors.add_column(col, justify="left" if col in ("op", "tensor") else "right")
+    for (op, role), row in per_tensor.items():
+        tensors.add_row(op, role, str(row["n"]), _g(row["abs"]), _g(row["rel"]), _g(row["rmse"]), _g(row["ulp"]),
+                        str(row["bad"]))
+    console.print(tensors)
+
+    failing = [c for c in report.comparisons if not c.passed]
+    for c in failing[:MAX_DETAILED]:
+        console.print(f"[red]mismatch[/] {escape(c.tensor)}: {c.mismatches} of {c.compared} elements "
+                      f"(atol={c.tolerance.atol:g} rtol={c.tolerance.rtol:g})")
+        for label, bad in (("first", c.first_bad), ("worst", c.worst_bad)):
+            console.print(f"  {label}: {escape(_where(bad))}: actual {bad.actual:.6g}, expected {bad.expected:.6g}")
+    if len(failing) > MAX_DETAILED:
+        console.print(f"... and {len(failing) - MAX_DETAILED} more failing tensors (--format json lists all)")
+    compared = len(report.comparisons)
+    if not compared:
+        console.print("PASS (vacuous): the trace holds no expected results or final buffers to compare")
+    elif report.passed:
+        console.print(f"[green]PASS[/]: {compared} tensors compared over {len(report.events)} events, all within tolerance")
+    else:
+        console.print(f"[red]FAIL[/]: {len(failing)} of {compared} tensors mismatch")

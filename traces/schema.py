@@ -1,0 +1,286 @@
+"""Trace format v1: the manifest, its JSON form, and the tensor roles of every op.
+
+A trace is one safetensors file. Its ``__metadata__`` holds the manifest as one JSON
+string under the key ``manifest`` (see docs/trace-format.md). Tensor shapes are written
+with symbols: ``H K V T`` and ``2K``, ``HK`` (= H*K) come from the manifest, ``N R P`` from
+its buffer sizes, and ``Ttot B M W`` are bound per event by the first tensor that uses them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT_NAME = "kda-trace"
+FORMAT_VERSION = 1
+METADATA_KEY = "manifest"
+NULL_ID = 0
+"""Null state slot; any slot index ``<= NULL_ID`` is null."""
+PAD_ID = -1
+"""Smallest index a trace may hold: the padding id for slots and the 'no row' id for records."""
+
+OPS = ("verify", "plan", "defer", "commit", "flush")
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+ACTIVATION_DTYPES = FLOAT_DTYPES
+STATE_DTYPES = ("float32", "bfloat16", "float64")
+
+
+class TraceError(Exception):
+    """A trace that breaks the format; the message names the event and the tensor."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """One tensor an op reads or writes.
+
+    shape: symbols or ints (module docstring); ``B+1`` binds B from the length.
+    dtype: ``act``, ``state``, ``float32``, ``int32`` or ``flag`` (bool, int8, uint8, int32).
+    index: value rule for integer tensors: ``slot`` (PAD_ID <= i < N), ``real_slot``
+           (NULL_ID < i < N), ``record_row`` (PAD_ID <= i < R), ``qsl`` (query_start_loc),
+           ``count`` (0 <= i <= T), ``nonneg`` (i >= 0), or None (any value).
+    """
+
+    shape: tuple[str | int, ...]
+    dtype: str
+    required: bool = True
+    index: str | None = None
+
+
+def _i32(shape: tuple[str | int, ...], index: str | None = None, required: bool = True) -> Role:
+    return Role(shape, "int32", required, index)
+
+
+PARAMS = {
+    "A_log": Role(("H",), "float32"),
+    "dt_bias": Role(("HK",), "float32"),
+}
+
+PLAN_FIELDS = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")
+
+BUFFERS = {
+    "checkpoint_state": Role(("N", "H", "V", "K"), "state"),
+    "records.correction": Role(("R", "H", "T", "V"), "float32"),
+    "records.key_gate": Role(("R", "H", "T", "2K"), "act"),
+    "pending": _i32(("R",)),
+    "plan.commit_lens": _i32(("P",), "count"),
+    "plan.final_state_indices": _i32(("P",), "slot"),
+    "plan.boundary_state_indices": _i32(("P",), "slot"),
+    "plan.boundary_recovery_lens": _i32(("P",), "count"),
+}
+"""Buffers that live across events: the ``initial`` set (required) and ``final`` set (optional)."""
+
+_SLOTS = _i32(("B",), "slot")
+_QSL = _i32(("B+1",), "qsl")
+
+INPUTS: dict[str, dict[str, Role]] = {
+    "verify": {
+        "q": Role((1, "Ttot", "H", "K"), "act"),
+        "k": Role((1, "Ttot", "H", "K"), "act"),
+        "v": Role((1, "Ttot", "H", "V"), "act"),
+        "raw_g": Role((1, "Ttot", "H", "K"), "act"),
+        "raw_beta": Role((1, "Ttot", "H"), "act"),
+        "query_start_loc": _QSL,
+        "state_indices": _SLOTS,
+        "record_indices": _i32(("B",), "record_row", required=False),
+    },
+    "plan": {
+        "num_accepted": _i32(("B",)),
+        "query_start_loc": _QSL,
+        "state_indices": _SLOTS,
+        "block_table": _i32(("B", "W"), "slot", required=False),
+        "num_computed": _i32(("B",), "nonneg", required=False),
+    },
+    "defer": {
+        "state_indices": _SLOTS,
+        "record_rows": _i32(("B",), "record_row"),
+        "eager": Role(("B",), "flag", required=False),
+    },
+    "commit": {
+        "state_indices": _SLOTS,
+        "record_indices": _i32(("B",), "record_row", required=False),
+    },
+    "flush": {
+        "state_indices": _SLOTS,
+        "record_rows": _i32(("B",), "record_row"),
+    },
+}
+"""What each op reads, by role; the plan buffer is read from the evolving buffers, not here."""
+
+_WRITTEN_STATES = {
+    "slots": _i32(("M",), "real_slot"),
+    "states": Role(("M", "H", "V", "K"), "state"),
+}
+
+EXPECTED: dict[str, dict[str, Role]] = {
+    "verify": {
+        "out": Role((1, "Ttot", "H", "V"), "act"),
+        "records.correction": Role(("B", "H", "T", "V"), "float32"),
+        "records.key_gate": Role(("B", "H", "T", "2K"), "act"),
+    },
+    "plan": {name: _i32(("B",)) for name in PLAN_FIELDS},
+    "defer": {"pending": _i32(("R",)), "commit_lens": _i32(("B",))},
+    "commit": dict(_WRITTEN_STATES),
+    "flush": {**_WRITTEN_STATES, "pending": _i32(("R",))},
+}
+"""What each op writes, by role. Every expected role is optional.
+
+verify: ``out``; the record rows of batch row b (read at ``record_indices[b]`` or b),
+        compared where the row wrote them (real slot, record row >= 0, token t < its length).
+plan:   the first B rows of the plan.   defer: all of ``pending``, plan ``commit_lens[:B]``.
+commit, flush: ``slots`` (distinct real slots written) and ``states`` (their contents after).
+"""
+
+ATTRS = {"plan": ("block_size",)}
+
+
+@dataclass(frozen=True)
+class Dims:
+    H: int
+    K: int
+    V: int
+    T: int
+
+
+@dataclass(frozen=True)
+class BufferSizes:
+    num_slots: int
+    num_record_rows: int
+    plan_rows: int
+
+
+@dataclass
+class Event:
+    """One op call: its inputs and (optional) expected results, role -> tensor name."""
+
+    op: str
+    inputs: dict[str, str]
+    expected: dict[str, str] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "inputs": dict(self.inputs), "expected": dict(self.expected), "attrs": dict(self.attrs)}
+
+
+@dataclass
+class Manifest:
+    """Everything in a trace but the tensors. ``initial`` and ``final`` map buffer roles
+    (``BUFFERS``) to tensor names; ``final`` may be empty."""
+
+    dims: Dims
+    activation_dtype: str
+    state_dtype: str
+    lower_bound: float | None
+    sizes: BufferSizes
+    params: dict[str, str]
+    initial: dict[str, str]
+    final: dict[str, str] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    null_id: int = NULL_ID
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "dims": {"H": self.dims.H, "K": self.dims.K, "V": self.dims.V, "T": self.dims.T},
+            "dtypes": {"activation": self.activation_dtype, "state": self.state_dtype},
+            "lower_bound": self.lower_bound,
+            "null_id": self.null_id,
+            "buffers": {"num_slots": self.sizes.num_slots, "num_record_rows": self.sizes.num_record_rows,
+                        "plan_rows": self.sizes.plan_rows},
+            "params": self.params,
+            "initial": self.initial,
+            "final": self.final,
+            "events": [e.to_json() for e in self.events],
+            "provenance": self.provenance,
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        """Parse and check the manifest's structure (not the tensors); raise ``TraceError``."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"manifest: not valid JSON ({exc})") from None
+        _expect(isinstance(data, dict), "manifest: expected a JSON object")
+        fmt, version = data.get("format"), data.get("version")
+        _expect(fmt == FORMAT_NAME, f"manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
+        _expect(version == FORMAT_VERSION,
+                f"manifest: format version {version!r} is not supported (this kda reads version {FORMAT_VERSION})")
+        dims = _section(data, "dims")
+        dtypes = _section(data, "dtypes")
+        buffers = _section(data, "buffers")
+        d = Dims(*(_positive_int(dims, key, "dims") for key in ("H", "K", "V", "T")))
+        act = dtypes.get("activation")
+        state = dtypes.get("state")
+        _expect(act in ACTIVATION_DTYPES, f"manifest: dtypes.activation {act!r} is not one of {ACTIVATION_DTYPES}")
+        _expect(state in STATE_DTYPES, f"manifest: dtypes.state {state!r} is not one of {STATE_DTYPES}")
+        lower_bound = data.get("lower_bound")
+        _expect(lower_bound is None or (isinstance(lower_bound, (int, float)) and not isinstance(lower_bound, bool)),
+                f"manifest: lower_bound must be a number or null, got {lower_bound!r}")
+        null_id = data.get("null_id")
+        _expect(null_id == NULL_ID, f"manifest: null_id {null_id!r} is not supported (version 1 uses {NULL_ID})")
+        sizes = BufferSizes(*(_positive_int(buffers, key, "buffers")
+                              for key in ("num_slots", "num_record_rows", "plan_rows")))
+        params = _names(data, "params", PARAMS, all_required=True)
+        initial = _names(data, "initial", BUFFERS, all_required=True)
+        final = _names(data, "final", BUFFERS, all_required=False)
+        _expect(not final or set(final) == set(BUFFERS),
+                f"manifest: final names {sorted(final)}, expected none or all of {sorted(BUFFERS)}")
+        raw_events = data.get("events")
+        _expect(isinstance(raw_events, list), "manifest: events must be a list")
+        events = [_event(i, e) for i, e in enumerate(raw_events)]
+        provenance = data.get("provenance", {})
+        _expect(isinstance(provenance, dict), "manifest: provenance must be an object")
+        return cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, params, initial,
+                   final, events, provenance, null_id)
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise TraceError(message)
+
+
+def _section(data: dict, key: str) -> dict:
+    value = data.get(key)
+    _expect(isinstance(value, dict), f"manifest: missing or malformed '{key}' section")
+    return value
+
+
+def _positive_int(section: dict, key: str, where: str) -> int:
+    value = section.get(key)
+    _expect(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            f"manifest: {where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _names(data: dict, key: str, roles: dict[str, Role], all_required: bool) -> dict[str, str]:
+    names = data.get(key, {} if not all_required else None)
+    _expect(isinstance(names, dict), f"manifest: missing or malformed '{key}' section")
+    for role, name in names.items():
+        _expect(role in roles, f"manifest: {key}.{role} is not a known role ({', '.join(roles)})")
+        _expect(isinstance(name, str) and name, f"manifest: {key}.{role} must name a tensor")
+    if all_required:
+        missing = [r for r in roles if r not in names]
+        _expect(not missing, f"manifest: {key} lacks {', '.join(missing)}")
+    return dict(names)
+
+
+def _event(index: int, raw: Any) -> Event:
+    where = f"event {index}"
+    _expect(isinstance(raw, dict), f"{where}: expected a JSON object")
+    op = raw.get("op")
+    _expect(op in OPS, f"{where}: op {op!r} is not one of {', '.join(OPS)}")
+    inputs, expected, attrs = raw.get("inputs"), raw.get("expected", {}), raw.get("attrs", {})
+    for section, value, roles in (("inputs", inputs, INPUTS[op]), ("expected", expected, EXPECTED[op])):
+        _expect(isinstance(value, dict), f"{where} ({op}): '{section}' must be an object")
+        for role, name in value.items():
+            _expect(role in roles, f"{where} ({op}): {section}.{role} is not a role of {op} ({', '.join(roles)})")
+            _expect(isinstance(name, str) and name, f"{where} ({op}): {section}.{role} must name a tensor")
+    missing = [r for r, spec in INPUTS[op].items() if spec.required and r not in inputs]
+    _expect(not missing, f"{where} ({op}): inputs lack {', '.join(missing)}")
+    _expect(isinstance(attrs, dict), f"{where} ({op}): 'attrs' must be an object")
+    unknown = [a for a in attrs if a not in ATTRS.get(op, ())]
+    _expect(not unknown, f"{where} ({op}): unknown attrs {', '.join(unknown)}")
+    return Event(op, dict(inputs), dict(expected), dict(attrs))

@@ -1,0 +1,318 @@
+"""Synthetic traces from a small scheduler simulation (``kda synth``).
+
+Requests arrive, decode for a few steps and finish; their state slots and record rows are
+recycled. Each step's batch is padded to a CUDA-graph size with null rows of length 0.
+Accepted lengths follow an acceptance rate (each draft token accepted with probability
+``acceptance`` until the first rejection). Modes:
+
+stock     verify, plan, commit every step (record row = batch row).
+deferred  verify, plan, defer, commit; records are indexed by request, so a request's
+          pending replay is flushed before its next verify, before its slot is freed,
+          and at the end.
+mixed     like deferred, with eager rows (committed at once) and some stock steps
+          (no defer); pending replays are flushed before those as well.
+
+Expected results come from ``kernels.reference`` run on a float64 copy of the buffers,
+cast to the trace's dtypes. There is no prefill op: a recycled slot starts from the state
+its previous owner left in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels import reference as ref
+from traces.io import TraceBuilder
+from traces.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
+
+MODES = ("stock", "deferred", "mixed")
+KEEP_EXPECTED = ("all", "outputs", "none")
+
+
+@dataclass(frozen=True)
+class Preset:
+    dims: Dims
+    lower_bound: float | None
+    activation_dtype: str
+    state_dtype: str
+
+
+PRESETS = {
+    "k3-tp8": Preset(Dims(H=12, K=128, V=128, T=8), -5.0, "bfloat16", "float32"),
+    "tiny": Preset(Dims(H=2, K=16, V=16, T=4), -5.0, "bfloat16", "float32"),
+}
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """A simulation. ``steps`` caps the decode steps (None: until every request finishes).
+    ``max_batch`` rows a step (padding included); ``num_slots`` defaults to
+    ``max_batch + 2`` (slot 0 is null), ``num_record_rows`` to ``max_batch``.
+    ``keep_expected``: ``all``; ``outputs`` drops commit/flush states (the big ones);
+    ``none`` keeps the final buffers only."""
+
+    preset: str = "tiny"
+    mode: str = "mixed"
+    requests: int = 8
+    steps: int | None = None
+    seed: int = 0
+    acceptance: float = 0.7
+    max_batch: int = 4
+    num_slots: int | None = None
+    num_record_rows: int | None = None
+    max_decode_steps: int = 6
+    eager_fraction: float = 0.3
+    stock_fraction: float = 0.3
+    keep_expected: str = "all"
+    note: str = ""
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the option that cannot work."""
+        if self.preset not in PRESETS:
+            raise ValueError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.keep_expected not in KEEP_EXPECTED:
+            raise ValueError(f"--expected {self.keep_expected!r}: expected one of {', '.join(KEEP_EXPECTED)}")
+        if self.requests < 1 or self.max_batch < 1 or self.max_decode_steps < 1:
+            raise ValueError("--requests, --max-batch and decode steps must be positive")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError("--steps must be positive")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError(f"--acceptance {self.acceptance}: expected a rate in [0, 1]")
+        if self.num_slots is not None and self.num_slots < 2:
+            raise ValueError("--slots must be at least 2 (slot 0 is null)")
+        if self.num_record_rows is not None and self.num_record_rows < self.max_batch:
+            raise ValueError(f"--record-rows must be at least --max-batch ({self.max_batch})")
+
+
+@dataclass
+class _Request:
+    slot: int
+    record_row: int
+    steps_left: int
+    pending: int = 0
+
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                 "float64": torch.float64}
+
+
+def synthesize(config: SynthConfig) -> TraceBuilder:
+    """Simulate ``config`` and return the trace, ready for ``TraceBuilder.write``."""
+    config.check()
+    return _Simulation(config).run()
+
+
+class _Simulation:
+    def __init__(self, cfg: SynthConfig):
+        self.cfg = cfg
+        p = PRESETS[cfg.preset]
+        self.dims = d = p.dims
+        self.lower_bound = p.lower_bound
+        self.act = _TORCH_DTYPES[p.activation_dtype]
+        self.state_dtype = _TORCH_DTYPES[p.state_dtype]
+        self.num_slots = cfg.num_slots or cfg.max_batch + 2
+        self.num_rows = cfg.num_record_rows or cfg.max_batch
+        self.rng = np.random.default_rng(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        sizes = BufferSizes(self.num_slots, self.num_rows, cfg.max_batch)
+        from traces.provenance import environment
+
+        env = environment()
+        note = cfg.note or (f"kda synth --preset {cfg.preset} --mode {cfg.mode} --requests {cfg.requests} "
+                            f"--steps {cfg.steps} --seed {cfg.seed} --acceptance {cfg.acceptance} "
+                            f"--max-batch {cfg.max_batch}")
+        manifest = Manifest(d, p.activation_dtype, p.state_dtype, p.lower_bound, sizes, {}, {},
+                            provenance={"producer": "kda synth", "versions": {k: v for k, v in env.items() if k != "gpu"},
+                                        "gpu": env["gpu"], "note": note})
+        self.out = TraceBuilder(manifest)
+
+        self.A_log = torch.log(torch.empty(d.H).uniform_(1.0, 16.0, generator=self.gen))
+        # most key channels keep a long memory (decay near 1), some forget fast, as in trained models
+        self.dt_bias = torch.randn(d.H * d.K, generator=self.gen) * 1.5 - 2.0
+        self.out.set_params(self.A_log, self.dt_bias)
+        pool = torch.randn(self.num_slots, d.H, d.V, d.K, generator=self.gen).to(self.state_dtype) * 0.5
+        pool[NULL_ID] = 0
+        # float64 copies evolve under the reference; the trace gets them cast to its dtypes
+        self.pool = pool.to(torch.float64)
+        self.records = ref.allocate_records(self.num_rows, d.H, d.T, d.K, d.V, self.act, "cpu")
+        self.records.correction = self.records.correction.to(torch.float64)
+        self.pending = torch.zeros(self.num_rows, dtype=torch.int32)
+        self.plan = ref.CommitPlan.allocate(cfg.max_batch, "cpu")
+        self.out.set_buffers("initial", self.buffers())
+
+        self.free_slots = list(range(NULL_ID + 1, self.num_slots))
+        self.free_rows = list(range(self.num_rows))
+        self.waiting = cfg.requests
+        self.live: list[_Request] = []
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {
+            "checkpoint_state": self.pool.to(self.state_dtype),
+            "records.correction": self.records.correction.to(torch.float32),
+            "records.key_gate": self.records.key_gate,
+            "pending": self.pending,
+            **{f"plan.{f}": getattr(self.plan, f) for f in PLAN_FIELDS},
+        }
+
+    def keep(self, expected: dict[str, torch.Tensor], big: bool = False) -> dict[str, torch.Tensor]:
+        mode = self.cfg.keep_expected
+        return {} if mode == "none" or (big and mode == "outputs") else expected
+
+    # -- the scheduler ----------------------------------------------------------------
+
+    def run(self) -> TraceBuilder:
+        deferred_mode = self.cfg.mode != "stock"
+        step = 0
+        while (self.waiting or self.live) and (self.cfg.steps is None or step < self.cfg.steps):
+            self.admit()
+            if self.live:
+                stock_step = not deferred_mode or (self.cfg.mode == "mixed" and self.rng.random() < self.cfg.stock_fraction)
+                self.decode_step(stock_step)
+                self.retire()
+            step += 1
+        if deferred_mode:
+            self.flush(self.live)
+        self.out.set_buffers("final", self.buffers())
+        return self.out
+
+    def admit(self) -> None:
+        arrivals = int(self.rng.integers(0, 3)) if self.live else max(1, int(self.rng.integers(0, 3)))
+        live_cap = self.cfg.max_batch - (1 if self.cfg.max_batch > 1 else 0)  # leave room for a padding row
+        for _ in range(arrivals):
+            if not (self.waiting and self.free_slots and self.free_rows and len(self.live) < max(1, live_cap)):
+                return
+            slot = self.free_slots.pop(int(self.rng.integers(len(self.free_slots))))
+            row = self.free_rows.pop(int(self.rng.integers(len(self.free_rows))))
+            self.live.append(_Request(slot, row, int(self.rng.integers(1, self.cfg.max_decode_steps + 1))))
+            self.waiting -= 1
+
+    def retire(self) -> None:
+        done = [r for r in self.live if r.steps_left <= 0]
+        if done and self.cfg.mode != "stock":
+            self.flush(done)  # before the slot is freed
+        for r in done:
+            self.live.remove(r)
+            self.free_slots.append(r.slot)
+            self.free_rows.append(r.record_row)
+
+    def padded(self, reqs: list[_Request]) -> tuple[list[_Request | None], int]:
+        """Rows of a step: the requests in random order, then null padding rows up to a
+        CUDA-graph size (a power of two, at most ``max_batch``)."""
+        rows: list[_Request | None] = [reqs[i] for i in self.rng.permutation(len(reqs))]
+        size = 1
+        while size < len(rows):
+            size *= 2
+        size = max(min(size, self.cfg.max_batch), len(rows))
+        rows += [None] * (size - len(rows))
+        return rows, size
+
+    def index_column(self, rows: list[_Request | None], attr: str) -> torch.Tensor:
+        """Slots or record rows of each row; padding rows alternate between PAD_ID and the null slot."""
+        values = []
+        for b, r in enumerate(rows):
+            if r is not None:
+                values.append(getattr(r, attr))
+            else:
+                values.append(PAD_ID if attr == "record_row" or b % 2 else NULL_ID)
+        return torch.tensor(values, dtype=torch.int32)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.gen).to(self.act)
+
+    def decode_step(self, stock_step: bool) -> None:
+        d, cfg = self.dims, self.cfg
+        stock_mode = cfg.mode == "stock"
+        if not stock_mode:
+            self.flush([r for r in self.live if r.pending > 0])  # before a verify overwrites the record rows
+        rows, batch = self.padded(self.live)
+        lens = [0 if r is None else (d.T if self.rng.random() < 0.85 else int(self.rng.integers(1, d.T + 1)))
+                for r in rows]
+        qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+        total = int(qsl[-1])
+        slots = self.index_column(rows, "slot")
+        rec = None if stock_mode else self.index_column(rows, "record_row")
+
+        q, k, raw_g = (self.randn(1, total, d.H, d.K) for _ in range(3))
+        v = self.randn(1, total, d.H, d.V)
+        raw_beta = self.randn(1, total, d.H)
+        out = ref.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, self.A_log, self.dt_bias, self.lower_bound,
+                                        self.pool, self.records, qsl, slots, d.T, record_indices=rec)
+        rec_rows = (rec if rec is not None else torch.arange(batch, dtype=torch.int32)).long().clamp(min=0)
+        self.out.add_event("verify", {
+            "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta, "query_start_loc": qsl,
+            "state_indices": slots, "record_indices": rec,
+        }, self.keep({
+            "out": out.to(self.act),
+            "records.correction": self.records.correction[rec_rows].to(torch.float32),
+            "records.key_gate": self.records.key_gate[rec_rows],
+        }))
+
+        accepted = torch.tensor([0 if r is None else self.accepted(n) for r, n in zip(rows, lens)], dtype=torch.int32)
+        ref.kda_recoverssm_plan(self.plan, accepted, qsl, slots, d.T)
+        self.out.add_event("plan", {"num_accepted": accepted, "query_start_loc": qsl, "state_indices": slots},
+                           self.keep({f: getattr(self.plan, f)[:batch] for f in PLAN_FIELDS}))
+
+        if not stock_step:
+            eager = None
+            if cfg.mode == "mixed":
+                eager = torch.tensor([r is not None and self.rng.random() < cfg.eager_fraction for r in rows])
+            lens_before = self.plan.commit_lens[:batch].clone()
+            ref.kda_recoverssm_defer(self.plan, slots, rec, self.pending, eager)
+            for b, r in enumerate(rows):
+                if r is not None:
+                    r.pending = 0 if eager is not None and bool(eager[b]) else int(lens_before[b])
+            self.out.add_event("defer", {"state_indices": slots, "record_rows": rec, "eager": eager},
+                               self.keep({"pending": self.pending, "commit_lens": self.plan.commit_lens[:batch]}))
+
+        written = self.commit_targets(slots, rec, batch)
+        ref.kda_recoverssm_commit(self.pool, self.records, self.A_log, self.dt_bias, self.lower_bound, slots,
+                                  self.plan, record_indices=rec)
+        self.out.add_event("commit", {"state_indices": slots, "record_indices": rec}, self.written(written))
+        for r in self.live:
+            r.steps_left -= 1
+
+    def accepted(self, query_len: int) -> int:
+        """Accepted tokens of a window: the bonus token plus drafts up to the first rejection."""
+        n = 1
+        while n < query_len and self.rng.random() < self.cfg.acceptance:
+            n += 1
+        return n
+
+    def commit_targets(self, slots: torch.Tensor, rec: torch.Tensor | None, batch: int) -> list[int]:
+        """Slots the coming commit writes, read from the plan (docs: section 6)."""
+        p = self.plan.rows(batch)
+        rec_rows = rec if rec is not None else torch.arange(batch)
+        targets: list[int] = []
+        for b in range(batch):
+            if int(p.commit_lens[b]) > 0 and int(slots[b]) > NULL_ID and int(rec_rows[b]) >= 0:
+                for s, n in ((int(p.final_state_indices[b]), 1), (int(p.boundary_state_indices[b]),
+                                                                    int(p.boundary_recovery_lens[b]))):
+                    if s > NULL_ID and n >= 1 and s not in targets:
+                        targets.append(s)
+        return targets
+
+    def written(self, slots: list[int]) -> dict[str, torch.Tensor]:
+        index = torch.tensor(slots, dtype=torch.int32)
+        return self.keep({"slots": index, "states": self.pool[index.long()].to(self.state_dtype)}, big=True)
+
+    def flush(self, reqs: list[_Request]) -> None:
+        """A flush event over ``reqs`` (padded), when any of them has a pending replay."""
+        if not any(r.pending > 0 for r in reqs):
+            return
+        rows, _ = self.padded(reqs)
+        slots = self.index_column(rows, "slot")
+        rec = self.index_column(rows, "record_row")
+        targets = [r.slot for r in reqs if r.pending > 0]
+        ref.kda_recoverssm_flush(self.pool, self.records, self.A_log, self.dt_bias, self.lower_bound, slots, rec,
+                                 self.pending, self.plan)
+        expected = self.written(targets)
+        if self.cfg.keep_expected != "none":
+            expected["pending"] = self.pending
+        self.out.add_event("flush", {"state_indices": slots, "record_rows": rec}, expected)
+        for r in reqs:
+            r.pending = 0
