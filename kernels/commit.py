@@ -1,13 +1,12 @@
 """RecoverSSM commit: fold recorded tokens into checkpoint slots (docs: sections 3 and 6).
 
-One program owns one (V-tile, row, head). It reads the row's source slot once and folds
-the first ``n = commit_lens[b]`` records in closed form (docs section 3):
+One program owns one (V-tile, row, head). It reads the row's source slot once, applies
+the first ``n = commit_lens[b]`` records forwards with the shared recurrence step,
 
-    S_n = S_0 * exp(G_n) + U_n (k^ * exp(G_n - G))        every factor exp(<= 0)
+    S <- S * a_t + u_t (x) k^_t          a_t, k^_t rebuilt from the raw key and gate records
 
-one scale and one small matrix product, written to the final slot; the boundary slot
-gets the same fold over the first ``boundary_recovery_lens[b]`` records. Records past
-``n`` are never loaded, so NaN there is inert.
+writes the boundary slot after ``boundary_recovery_lens[b]`` of them and the final slot at
+the end. Records past ``n`` are masked out before they touch the state, so NaN there is inert.
 """
 
 from __future__ import annotations
@@ -17,17 +16,8 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
-from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import window_keys_and_gates
-
-
-@triton.jit
-def _fold(S, U, key, g, G, count, offs_t, DOT_PRECISION: tl.constexpr):
-    """State after the first ``count`` tokens of a window, from ``S [BV, BK]`` before it."""
-    first = (offs_t < count)[:, None]
-    G_end = tl.sum(tl.where(first, g, 0.0), axis=0)
-    carried = tl.where(first, tl.exp(G_end[None, :] - G) * key, 0.0)
-    return S * tl.exp(G_end)[None, :] + tl.dot(U, carried, input_precision=DOT_PRECISION)
+from kernels.launch import commit_config
+from kernels.triton_math import recurrence_step, window_keys_and_gates
 
 
 @triton.jit
@@ -37,14 +27,14 @@ def _commit_kernel(
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
 
-    n = tl.minimum(tl.load(commit_lens_ptr + b), T)
+    n = tl.load(commit_lens_ptr + b)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
@@ -57,32 +47,27 @@ def _commit_kernel(
     if (n > 0) & (source > null_block_id) & (rec >= 0):
         offs_v = pid_v * BV + tl.arange(0, BV)
         offs_k = tl.arange(0, BK)
-        offs_t = tl.arange(0, BT)
         mask_v = offs_v < V
         mask_k = offs_k < K
-        live = offs_t < n
         mask_vk = mask_v[:, None] & mask_k[None, :]
         tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
         S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
 
-        mask_tk = live[:, None] & mask_k[None, :]
-        kg_ptrs = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K) + offs_k[None, :]
-        k_raw = tl.load(kg_ptrs, mask=mask_tk, other=0.0)
-        g_raw = tl.load(kg_ptrs + K, mask=mask_tk, other=0.0)
-        U = tl.load(correction_ptr + ((rec * H + h) * T + offs_t[None, :]) * V + offs_v[:, None],
-                    mask=mask_v[:, None] & live[None, :], other=0.0)
         A_h = tl.exp(tl.load(A_log_ptr + h))
         dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
-        key, g = window_keys_and_gates(k_raw, g_raw, live[:, None], dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
-        G = tl.cumsum(g, axis=0)
-
-        if (boundary > null_block_id) & (recovery >= 1) & (recovery <= n):
-            S_boundary = _fold(S, U, key, g, G, recovery, offs_t, DOT_PRECISION)
-            tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(state_ptr.dtype.element_ty),
-                     mask=mask_vk)
+        for t in tl.static_range(T):
+            live = t < n
+            base = (rec * H + h) * T + t
+            kg_ptrs = key_gate_ptr + base * (2 * K) + offs_k[None, :]
+            k_raw = tl.load(kg_ptrs, mask=mask_k[None, :], other=0.0)
+            g_raw = tl.load(kg_ptrs + K, mask=mask_k[None, :], other=0.0)
+            u = tl.where(live, tl.load(correction_ptr + base * V + offs_v, mask=mask_v, other=0.0), 0.0)
+            key, g = window_keys_and_gates(k_raw, g_raw, live, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
+            S = recurrence_step(S, tl.exp(g), key, u[:, None])
+            if (boundary > null_block_id) & (recovery == t + 1) & live:
+                tl.store(state_ptr + boundary * (H * V * K) + tile, S.to(state_ptr.dtype.element_ty), mask=mask_vk)
         if final > null_block_id:
-            S_final = _fold(S, U, key, g, G, n, offs_t, DOT_PRECISION)
-            tl.store(state_ptr + final * (H * V * K) + tile, S_final.to(state_ptr.dtype.element_ty), mask=mask_vk)
+            tl.store(state_ptr + final * (H * V * K) + tile, S.to(state_ptr.dtype.element_ty), mask=mask_vk)
 
 
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
@@ -104,7 +89,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         state_indices, record_indices,
         plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens,
         state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, V=V, T=T, BK=cfg.block_k, BV=cfg.block_v, BT=cfg.block_t,
+        H=H, K=K, V=V, T=T, BK=cfg.block_k, BV=cfg.block_v,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
+        num_warps=cfg.num_warps, num_stages=1,
     )

@@ -21,24 +21,27 @@ _FACTORED_LOG_RANGE = 80.0
 
 @dataclass(frozen=True)
 class TileConfig:
+    """``block_*``: tile sizes; ``chunks_v``: V-tiles one program walks through in turn, so
+    that work independent of V (keys, gates, the T x T solve) is done once per chunk group."""
+
     block_k: int
     block_v: int
     block_t: int
     num_warps: int
+    chunks_v: int = 1
 
 
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN, triton.next_power_of_2(spec_query_len))
-    block_v = max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim)))
-    return TileConfig(block_k, block_v, block_t, num_warps=4)
+    block_v = max(_DOT_MIN, min(64, triton.next_power_of_2(head_v_dim)))
+    chunks_v = min(2, triton.cdiv(head_v_dim, block_v))
+    return TileConfig(block_k, block_v, block_t, num_warps=4, chunks_v=chunks_v)
 
 
 def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
-    block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
-    block_t = max(_DOT_MIN, triton.next_power_of_2(spec_query_len))
-    block_v = max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim)))
-    return TileConfig(block_k, block_v, block_t, num_warps=4)
+    block_v = min(16, triton.next_power_of_2(head_v_dim))
+    return TileConfig(triton.next_power_of_2(head_k_dim), block_v, spec_query_len, num_warps=1)
 
 
 def factored_window(lower_bound: float | None, spec_query_len: int) -> bool:

@@ -44,8 +44,9 @@ def window_keys_and_gates(k_raw, g_raw, live, dt_bias, A, lower_bound, HAS_LOWER
 
 @triton.jit
 def recurrence_step(S, decay, key, correction):
-    """One gated delta-rule update: ``S * decay[None, :] + correction[:, None] * key[None, :]``."""
-    return S * decay[None, :] + correction[:, None] * key[None, :]
+    """One gated delta-rule update of ``S [BV, BK]``: ``S * decay + correction * key``, with
+    ``decay`` and ``key`` rows ``[1, BK]`` and ``correction`` a column ``[BV, 1]``."""
+    return S * decay + correction * key
 
 
 @triton.jit

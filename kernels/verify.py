@@ -40,7 +40,7 @@ def _stepwise_window_products(g, key, query, T: tl.constexpr, BT: tl.constexpr):
         a_t = tl.exp(tile_row(g, offs_t, t))
         key_t = tile_row(key, offs_t, t)
         A = tl.where(rows == t, tl.sum(Z * (a_t * key_t)[None, :], axis=1)[None, :], A)
-        Z = recurrence_step(Z, a_t, key_t, (offs_t == t).to(tl.float32))
+        Z = recurrence_step(Z, a_t[None, :], key_t[None, :], (offs_t == t).to(tl.float32)[:, None])
         C = tl.where(rows == t, tl.sum(Z * tile_row(query, offs_t, t)[None, :], axis=1)[None, :], C)
     return A, C
 
@@ -66,7 +66,7 @@ def _verify_kernel(
     stride_q_tok, stride_k_tok, stride_v_tok, stride_g_tok, stride_beta_tok, stride_out_tok,
     stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, CHUNKS: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -82,22 +82,13 @@ def _verify_kernel(
     else:
         rec = b.to(tl.int64)
 
-    offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     offs_t = tl.arange(0, BT)
-    mask_v = offs_v < V
     mask_k = offs_k < K
     live = offs_t < length
-    mask_vt = mask_v[:, None] & live[None, :]
-    out_ptrs = out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None]
 
     if length > 0:
         if slot > null_block_id:
-            state_ptrs = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :]
-            S = tl.load(state_ptrs, mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            values = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
-                             mask=mask_vt, other=0.0).to(tl.float32)
-
             mask_tk = live[:, None] & mask_k[None, :]
             tok = start + offs_t[:, None]
             k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
@@ -128,16 +119,29 @@ def _verify_kernel(
                 tl.store(kg_ptrs, k_raw, mask=mask_tk)
                 tl.store(kg_ptrs + K, g_raw, mask=mask_tk)
 
-            SW = tl.dot(S, tl.trans(W), input_precision=DOT_PRECISION)
-            SP = tl.dot(S, tl.trans(P), input_precision=DOT_PRECISION)
-            U = tl.dot(beta[None, :] * (values - SW), tl.trans(inverse), input_precision=DOT_PRECISION)
-            O = SP + tl.dot(U, tl.trans(C), input_precision=DOT_PRECISION)
-            tl.store(out_ptrs, O.to(out_ptr.dtype.element_ty), mask=mask_vt)
-            if rec >= 0:
-                corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_t[None, :]) * V + offs_v[:, None]
-                tl.store(corr_ptrs, U, mask=mask_vt)
+            for c in tl.static_range(CHUNKS):
+                offs_v = (pid_v * CHUNKS + c) * BV + tl.arange(0, BV)
+                mask_v = offs_v < V
+                mask_vt = mask_v[:, None] & live[None, :]
+                S = tl.load(state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :],
+                            mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+                values = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                                 mask=mask_vt, other=0.0).to(tl.float32)
+                SW = tl.dot(S, tl.trans(W), input_precision=DOT_PRECISION)
+                SP = tl.dot(S, tl.trans(P), input_precision=DOT_PRECISION)
+                U = tl.dot(beta[None, :] * (values - SW), tl.trans(inverse), input_precision=DOT_PRECISION)
+                O = SP + tl.dot(U, tl.trans(C), input_precision=DOT_PRECISION)
+                tl.store(out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None],
+                         O.to(out_ptr.dtype.element_ty), mask=mask_vt)
+                if rec >= 0:
+                    corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_t[None, :]) * V + offs_v[:, None]
+                    tl.store(corr_ptrs, U, mask=mask_vt)
         else:
-            tl.store(out_ptrs, tl.zeros((BV, BT), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_vt)
+            for c in tl.static_range(CHUNKS):
+                offs_v = (pid_v * CHUNKS + c) * BV + tl.arange(0, BV)
+                tl.store(out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None],
+                         tl.zeros((BV, BT), tl.float32).to(out_ptr.dtype.element_ty),
+                         mask=(offs_v < V)[:, None] & live[None, :])
 
 
 def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
@@ -156,7 +160,7 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
     if d.total_tokens == 0 or d.batch == 0:
         return out
     cfg = verify_config(d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len)
-    grid = (triton.cdiv(d.head_v_dim, cfg.block_v), d.batch, d.num_heads)
+    grid = (triton.cdiv(d.head_v_dim, cfg.block_v * cfg.chunks_v), d.batch, d.num_heads)
     _verify_kernel[grid](
         q, k, v, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
         checkpoint_state, records.correction, records.key_gate, out,
@@ -164,7 +168,7 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
         q.stride(1), k.stride(1), v.stride(1), raw_g.stride(1), raw_beta.stride(1), out.stride(1),
         state_indices.stride(0), NULL_BLOCK_ID,
         H=d.num_heads, K=d.head_k_dim, V=d.head_v_dim, T=d.spec_query_len,
-        BK=cfg.block_k, BV=cfg.block_v, BT=cfg.block_t,
+        BK=cfg.block_k, BV=cfg.block_v, BT=cfg.block_t, CHUNKS=cfg.chunks_v,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
         FACTORED=factored_window(lower_bound, d.spec_query_len),
         DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
