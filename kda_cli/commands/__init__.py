@@ -5,3 +5,6 @@ from kda_cli.commands import bench  # noqa: F401
 from kda_cli.commands import info  # noqa: F401
 from kda_cli.commands import replay  # noqa: F401
 from kda_cli.commands import synth  # noqa: F401
+from kda_cli.commands import record  # noqa: F401
+from kda_cli.commands import repro  # noqa: F401
+from kda_cli.commands import slice  # noqa: F401

@@ -1,0 +1,161 @@
+"""``kda repro`` and ``kda slice``: broken implementations caught by replay, shrunk to a
+small bundle that fails the same way in a fresh process; determinism; cutting by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.decode_loop import decode_loop
+from tests.trace_helpers import run_kda
+from traces.io import read_trace
+from traces.record import record_trace
+
+BROKEN = Path(__file__).resolve().parent / "broken_impls"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A deferred and an align-mode decode loop, recorded through the reference."""
+    folder = tmp_path_factory.mktemp("recorded")
+    paths = {}
+    for mode, steps in (("deferred", 3), ("align", 2)):
+        paths[mode] = folder / f"{mode}.safetensors"
+        with record_trace(paths[mode], "reference") as api:
+            decode_loop(api, mode, steps=steps)
+    return paths
+
+
+def _first_failure(report: dict) -> tuple[int, str, str]:
+    for e in report["events"]:
+        for t in e["tensors"]:
+            if not t["passed"]:
+                return e["index"], e["op"], t["role"]
+    raise AssertionError("no failing tensor")
+
+
+@pytest.mark.parametrize("mode, broken, op, role", [
+    ("deferred", "flush_keeps_pending.py", "flush", "pending"),
+    ("align", "old_align_column.py", "plan", "final_state_indices"),
+])
+def test_broken_implementation_is_caught_and_shrunk(recorded, tmp_path, capsys, monkeypatch, mode, broken, op, role):
+    trace, impl = recorded[mode], str(BROKEN / broken)
+    code, out, err = run_kda(["replay", str(trace), "--impl", impl, "--format", "json", "--no-progress"],
+                             capsys, monkeypatch)
+    assert code == 1, err
+    assert _first_failure(json.loads(out))[1:] == (op, role)
+
+    bundle = tmp_path / "bundle"
+    code, out, err = run_kda(["repro", str(trace), "--out", str(bundle), "--impl", impl, "--format", "json"],
+                             capsys, monkeypatch)
+    assert code == 1, err
+    summary = json.loads(out)
+    assert (summary["original"]["op"], summary["original"]["tensor"]) == (op, role)
+    assert (summary["shrunk"]["op"], summary["shrunk"]["tensor"]) == (op, role)
+    assert summary["fresh_process_exit"] == 1
+    assert sorted(p.name for p in bundle.iterdir()) == sorted([broken, "report.md", "repro.sh", "trace.safetensors"])
+    with read_trace(bundle / "trace.safetensors") as small:
+        assert len(small.events) <= 5 and small.events[-1].op == op
+        assert max(small.tensor(e.inputs["state_indices"]).shape[0] for e in small.events) <= 2
+    report = (bundle / "report.md").read_text()
+    for needle in ("## First divergence", f"op `{op}`, tensor `{role}`", "## Environment", "torch", "kda repro"):
+        assert needle in report
+
+    done = subprocess.run(["sh", str(bundle / "repro.sh"), "--format", "json", "--no-progress"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert _first_failure(json.loads(done.stdout))[1:] == (op, role)
+
+
+def test_implementation_that_raises_is_shrunk_to_the_raising_call(recorded, tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "bundle"
+    code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", str(bundle), "--impl",
+                              str(BROKEN / "commit_raises.py"), "--format", "json"], capsys, monkeypatch)
+    assert code == 1, err
+    summary = json.loads(out)
+    assert summary["shrunk"]["op"] == "commit" and summary["shrunk"]["kind"] == "raised RuntimeError"
+    assert summary["shrunk_events"] == 1 and summary["shrunk_rows"] == 1 and summary["fresh_process_exit"] == 3
+    done = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True)
+    assert done.returncode == 3 and "RuntimeError: illegal memory access" in done.stderr
+
+
+def test_passing_trace_writes_no_bundle(recorded, tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "bundle"
+    code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", str(bundle), "--impl", "reference"],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    assert "nothing to reproduce" in out and not bundle.exists()
+
+
+def test_determinism_reports_a_race(recorded, tmp_path, capsys, monkeypatch):
+    args = ["repro", str(recorded["deferred"]), "--out", str(tmp_path / "b"), "--determinism", "3", "--format", "json"]
+    code, out, err = run_kda([*args, "--impl", str(BROKEN / "racy_verify.py")], capsys, monkeypatch)
+    assert code == 1, err
+    runs = json.loads(out)["determinism"]
+    assert not runs["deterministic"]
+    assert {(d["op"], d["tensor"]) for d in runs["differences"]} == {("verify", "out")}
+    assert {d["run"] for d in runs["differences"]} == {1, 2}
+
+    code, out, err = run_kda([*args, "--impl", "reference"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["determinism"] == {"runs": 3, "deterministic": True, "differences": [],
+                                              "errors": [None, None, None]}
+
+
+def test_repro_refuses_bad_options(recorded, tmp_path, capsys, monkeypatch):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("")
+    for extra, needle in ((["--out", str(busy)], "not an empty folder"),
+                          (["--out", str(tmp_path / "o"), "--determinism", "1"], "--determinism"),
+                          (["--out", str(tmp_path / "o"), "--impl", "no_such_module"], "--impl")):
+        code, out, err = run_kda(["repro", str(recorded["deferred"]), *extra], capsys, monkeypatch)
+        assert code == 2 and needle in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_slice_cuts_events_and_replays_exactly(recorded, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "cut.safetensors"
+    code, stdout, err = run_kda(["slice", str(recorded["deferred"]), "--events", "6:10", "--out", str(out),
+                                 "--format", "json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(stdout)["count"] == 4
+    with read_trace(out) as cut, read_trace(recorded["deferred"]) as whole:
+        assert [e.op for e in cut.events] == [e.op for e in whole.events[6:10]]
+        assert cut.manifest.provenance["sliced_events"] == "6:10"
+    code, stdout, err = run_kda(["replay", str(out), "--impl", "reference", "--atol", "0", "--rtol", "0",
+                                 "--no-progress"], capsys, monkeypatch)
+    assert code == 0, stdout + err
+
+    code, stdout, err = run_kda(["slice", str(recorded["deferred"]), "--events", "9:99", "--out", str(out)],
+                                capsys, monkeypatch)
+    assert code == 2 and err.startswith("Error:") and "events 0..15" in err
+
+
+def test_renumbering_and_dropping_a_request_leave_the_other_rows_alone(recorded, tmp_path):
+    import kernels.reference
+    from traces.shrink import regenerate
+    from traces.slice import compact, drop_request
+    from traces.tape import Tape
+
+    with read_trace(recorded["deferred"]) as trace:
+        tape = Tape.load(trace)
+    same = regenerate(compact(tape), kernels.reference, tmp_path / "same.safetensors")
+    assert len(same.steps) == len(tape.steps)
+    for before, after in zip(tape.steps, same.steps):
+        for role in ("out", "pending", "commit_lens", "states"):
+            if role in before.expected:
+                kept = after.expected[role].shape[0]  # record row 3 is never named: renumbering drops it
+                assert torch.equal(before.expected[role][:kept], after.expected[role]), (before.op, role)
+
+    smaller = regenerate(compact(drop_request(tape, 2)), kernels.reference, tmp_path / "smaller.safetensors")
+    for before, after in zip(tape.steps, smaller.steps):
+        assert after.batch == before.batch - 1
+        if before.op == "verify":
+            qsl, slots = before.inputs["query_start_loc"].tolist(), before.inputs["state_indices"].tolist()
+            kept = [t for b, s in enumerate(slots) if s != 2 for t in range(qsl[b], qsl[b + 1])]
+            torch.testing.assert_close(after.expected["out"], before.expected["out"][:, kept], rtol=0, atol=1e-6)

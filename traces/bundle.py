@@ -1,0 +1,190 @@
+"""The bug-report bundle ``kda repro`` writes, and its check in a fresh process.
+
+A bundle is a folder with ``trace.safetensors`` (the shrunk trace), ``repro.sh`` (one
+command: replay it through the same implementation), the implementation's ``.py`` file
+when it was given as one, and ``report.md`` (environment, command, first divergence with
+its metrics, what shrinking did, the fresh-process check, determinism). It is assembled
+in a temporary folder beside the destination and renamed into place only once the
+fresh-process replay has shown the same first divergence, so a failed run leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from traces.determinism import DeterminismReport
+from traces.provenance import environment
+from traces.shrink import Divergence, ShrinkResult, Signature
+
+TRACE_NAME = "trace.safetensors"
+
+
+class BundleError(Exception):
+    """The bundle cannot be written, or does not reproduce in a fresh process."""
+
+
+@dataclass
+class Recheck:
+    command: list[str]
+    returncode: int
+    signature: Signature | None
+
+
+def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
+                 replay_args: list[str], original_events: int, determinism: DeterminismReport | None,
+                 timeout: float = 600.0) -> Recheck:
+    """Write the bundle for ``result`` to ``out`` (which must not exist or be empty).
+
+    ``impl`` is the ``--impl`` spec; ``replay_args`` are extra ``kda replay`` options
+    (tolerances). Raises ``BundleError`` when the fresh-process replay of the shrunk trace
+    does not show ``result.divergence``'s signature; nothing is left behind then.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError(f"--out {out}: exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        tape = result.tape
+        tape.provenance = {**tape.provenance, "shrunk_from": str(source), "shrunk_by": "kda repro",
+                           "signature": result.divergence.signature.to_json()}
+        tape.write(tmp / TRACE_NAME)
+        impl_arg = impl
+        if impl.endswith(".py") and Path(impl).is_file():
+            shutil.copyfile(impl, tmp / Path(impl).name)
+            impl_arg = f"./{Path(impl).name}"
+        command = ["python3", "-m", "kda_cli", "replay", TRACE_NAME, "--impl", impl_arg, "--stop-at-first",
+                   *replay_args]
+        (tmp / "repro.sh").write_text(
+            "#!/bin/sh\n"
+            f"# kda repro bundle: {result.divergence.signature} (exit 0 would mean it is fixed)\n"
+            f'cd "$(dirname "$0")" && exec {shlex.join(command)} "$@"\n')
+        (tmp / "repro.sh").chmod(0o755)
+        recheck = _recheck(tmp, [sys.executable, *command[1:], "--format", "json", "--no-progress"], timeout)
+        if recheck.signature != result.divergence.signature:
+            raise BundleError(f"the shrunk trace does not fail the same way in a fresh process: expected "
+                              f"{result.divergence.signature}, got {recheck.signature or 'a pass'} "
+                              f"(exit {recheck.returncode})")
+        (tmp / "report.md").write_text(_report(result, source, impl, command, recheck, original_events,
+                                               determinism))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+        return recheck
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _recheck(folder: Path, command: list[str], timeout: float) -> Recheck:
+    """Run the replay in a new Python process; read its first divergence."""
+    try:
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BundleError(f"the fresh-process replay did not finish in {timeout:.0f} s") from None
+    signature = None
+    if done.returncode == 1:
+        signature = _json_signature(done.stdout)
+    elif done.returncode == 3 and " failed at event " in done.stderr:
+        # "Error: IMPL failed at event I (OP): TYPE: message"
+        text = done.stderr.split(" failed at event ", 1)[1]
+        op = text[text.find("(") + 1: text.find(")")]
+        kind = text.split("): ", 1)[-1].split(":", 1)[0].strip()
+        signature = Signature(op, "-", f"raised {kind}")
+    return Recheck(command, done.returncode, signature)
+
+
+def _json_signature(stdout: str) -> Signature | None:
+    """The signature of the first failing tensor in ``kda replay --format json`` output."""
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        return None
+    failing = [(e["op"], t) for e in report["events"] for t in e["tensors"] if not t["passed"]]
+    failing += [("final", t) for t in report["final"] if not t["passed"]]
+    if not failing:
+        return None
+    op, tensor = failing[0]
+    finite = isinstance(tensor["first_bad"]["actual"], (int, float))  # JSON spells NaN and Inf as strings
+    return Signature(op, tensor["role"], "mismatch" if finite else "nonfinite")
+
+
+def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
+            recheck: Recheck, original_events: int, determinism: DeterminismReport | None) -> str:
+    d = result.divergence
+    tape = result.tape
+    lines = [
+        f"# kda repro: {d.signature}",
+        "",
+        f"Reproduce with `sh repro.sh`: exit {3 if d.signature.kind.startswith('raised') else 1} "
+        f"shows the failure again, exit 0 would mean it is fixed.",
+        "",
+        "## Command",
+        "",
+        f"    kda {shlex.join(sys.argv[1:])}",
+        "",
+        f"Trace `{source}` replayed through `{impl}`; in the bundle: `{shlex.join(command)}`.",
+        "",
+        "## First divergence",
+        "",
+        *_divergence_lines("original trace", result.original, original_events),
+        *_divergence_lines("shrunk trace", d, len(tape.steps)),
+        "",
+        "## Shrinking",
+        "",
+        f"- {original_events} events -> {len(tape.steps)} ({', '.join(s.op for s in tape.steps)}); "
+        f"at most {max(s.batch for s in tape.steps)} rows; H={tape.dims.H} K={tape.dims.K} V={tape.dims.V} "
+        f"T={tape.dims.T}; {tape.initial['checkpoint_state'].shape[0] - 1} slots, "
+        f"{tape.initial['pending'].shape[0]} record rows",
+        f"- {result.checks} candidates tried, {result.kept} kept; expected results of the shrunk trace "
+        "regenerated by the oracle implementation",
+        *[f"- {h}" for h in result.history],
+        "",
+        "## Fresh-process check",
+        "",
+        f"`{shlex.join(recheck.command)}` exited {recheck.returncode} with first divergence {recheck.signature}: "
+        "the same signature.",
+        "",
+    ]
+    if determinism is not None:
+        lines += ["## Determinism", ""]
+        if determinism.deterministic:
+            lines.append(f"{determinism.runs} replays of the original trace were bitwise identical.")
+        else:
+            lines.append(f"{determinism.runs} replays of the original trace differ (a race?):")
+            lines += [f"- run {x.run} vs run 0: event {x.event} ({x.op}) {x.tensor}: {x.elements} elements"
+                      for x in determinism.differences[:20]]
+            lines += [f"- run {i}: raised {e}" for i, e in enumerate(determinism.errors) if e]
+        lines.append("")
+    lines += ["## Environment", "", *[f"- {k}: {v}" for k, v in environment().items()],
+              f"- written: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", ""]
+    return "\n".join(lines)
+
+
+def _divergence_lines(label: str, d: Divergence, events: int) -> list[str]:
+    head = f"- {label} ({events} events): event {d.event}, op `{d.signature.op}`, tensor `{d.signature.tensor}`, " \
+           f"{d.signature.kind}"
+    c = d.comparison
+    if c is None:
+        return [head, f"  - {d.message}"]
+    out = [head, f"  - {c.mismatches} of {c.compared} elements outside atol={c.tolerance.atol:g} "
+                 f"rtol={c.tolerance.rtol:g}; max abs {c.max_abs:.3g}, max rel {c.max_rel:.3g}, "
+                 f"rel RMSE {c.rel_rmse:.3g}" + (f", max ULP {c.max_ulp}" if c.max_ulp is not None else "")]
+    for name, bad in (("first", c.first_bad), ("worst", c.worst_bad)):
+        if bad is not None:
+            where = " ".join(f"{k}={v}" for k, v in bad.coords.items())
+            out.append(f"  - {name} bad element: {where}: actual {bad.actual:.6g}, expected {bad.expected:.6g}")
+    return out
+
+
+__all__ = ["BundleError", "Recheck", "TRACE_NAME", "write_bundle"]
