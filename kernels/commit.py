@@ -54,7 +54,7 @@ def _commit_kernel(
         S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
 
         A_h = tl.exp(tl.load(A_log_ptr + h))
-        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
         for t in tl.static_range(T):
             live = t < n
             base = (rec * H + h) * T + t

@@ -3,7 +3,7 @@
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
 these formulas out itself. Window tiles are ``[BT, BK]``: one row per token, one column
-per key channel; one token is a ``[1, BK]`` row. All arithmetic is float32.
+per key channel. All arithmetic is float32.
 """
 
 import triton
@@ -15,7 +15,7 @@ NORM_EPS = tl.constexpr(1e-6)
 
 @triton.jit
 def kda_log_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """Log decay ``g`` (<= 0 for the gates KDA uses) of raw gates ``[M, BK]``; ``dt_bias [1, BK]``."""
+    """Log decay ``g`` (<= 0 for the gates KDA uses) of raw gates ``[..., BK]``; ``dt_bias [BK]``."""
     x = raw_g + dt_bias
     if HAS_LOWER_BOUND:
         g = lower_bound * tl.sigmoid(A * x)
@@ -33,13 +33,12 @@ def l2_normalize_rows(x):
 
 @triton.jit
 def window_keys_and_gates(k_raw, g_raw, live, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """Normalised keys and log decays of token rows; rows where ``live`` is false are 0.
+    """Normalised keys and log decays of a window tile; rows where ``live`` is false are 0.
 
-    ``k_raw``, ``g_raw``: ``[M, BK]`` in any float dtype; ``dt_bias``: ``[1, BK]``;
-    ``live``: a scalar or ``[M, 1]``.
+    ``k_raw``, ``g_raw``: ``[BT, BK]`` in any float dtype; ``live``: ``[BT, 1]`` or ``[BT, BK]``.
     """
     key = tl.where(live, l2_normalize_rows(k_raw.to(tl.float32)), 0.0)
-    g = tl.where(live, kda_log_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND), 0.0)
+    g = tl.where(live, kda_log_decay(g_raw.to(tl.float32), dt_bias[None, :], A, lower_bound, HAS_LOWER_BOUND), 0.0)
     return key, g
 
 
