@@ -11,7 +11,7 @@ import traceback
 
 import typer
 
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, make_console
 
 app = typer.Typer(
     name="kda",
@@ -36,11 +36,16 @@ def _register() -> None:
 
 
 def _print_error(message: str) -> None:
-    from rich.console import Console
     from rich.markup import escape
 
-    Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")), highlight=False).print(
-        f"[bold red]Error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    make_console(stderr=True).print(f"[bold red]Error:[/] {escape(message)}", markup=True)
+
+
+def _usage_error(exc: Exception) -> str:
+    """Click's usage error as one line, with where to find the usage."""
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    return f"{exc.format_message().rstrip('.')}{where}"
 
 
 def main() -> None:
@@ -64,7 +69,10 @@ def main() -> None:
         sys.exit(EXIT_RUNTIME)
     except Exception as exc:  # usage errors (click's, vendored by typer) and anything unexpected
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as usage
+                exc.show()
+            else:
+                _print_error(_usage_error(exc))
             sys.exit(EXIT_BAD_INPUT)
         if debug:
             traceback.print_exc()

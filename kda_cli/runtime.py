@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 3
+
+FORMATS = ("human", "json")
+"""What ``--format`` accepts, for every command that prints a report."""
 
 
 class CommandError(Exception):
@@ -40,3 +45,34 @@ def select_device() -> str:
                            "was enabled; set TRITON_INTERPRET=1", EXIT_RUNTIME)
     os.environ["TRITON_INTERPRET"] = "1"
     return "cpu"
+
+
+def check_format(format: str) -> None:
+    """``--format`` is human or json; anything else is a usage error."""
+    if format not in FORMATS:
+        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+
+
+@contextmanager
+def bad_input(prefix: str = "") -> Iterator[None]:
+    """A trace that breaks the format (``TraceError``) or an implementation that cannot be
+    loaded (``ImplError``) inside the block is bad input: one ``Error:`` line, exit 2."""
+    from traces.impl import ImplError
+    from traces.schema import TraceError
+
+    try:
+        yield
+    except (TraceError, ImplError) as exc:
+        raise CommandError(f"{prefix}{exc}", EXIT_BAD_INPUT) from None
+
+
+def make_console(stderr: bool = False, pipe_width: int | None = None):
+    """A rich console on stdout (or stderr) that honours ``NO_COLOR`` and never highlights;
+    when it writes to a file or a pipe, ``pipe_width`` columns unless ``COLUMNS`` is set."""
+    from rich.console import Console
+
+    out = Console(file=sys.stderr if stderr else sys.stdout, no_color=bool(os.environ.get("NO_COLOR")),
+                  highlight=False, soft_wrap=True)
+    if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = pipe_width
+    return out

@@ -20,13 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 import kernels.reference as ref
-from tests.trace_helpers import run_kda
+from tests.trace_helpers import load_raw, run_kda
 from traces.io import CHECKSUM_KEY, file_metadata
-from traces.schema import METADATA_KEY
 from traces.synth import SynthConfig, synthesize
 
 SEED = 20261202
@@ -92,12 +90,6 @@ def _spy_module() -> types.ModuleType:
 
 # -- the mutations ------------------------------------------------------------------------
 
-def _raw(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Manifest and tensors of a valid trace, read without validation."""
-    with safe_open(str(path), "pt") as f:
-        return json.loads(f.metadata()[METADATA_KEY]), {n: f.get_tensor(n) for n in f.keys()}
-
-
 def _rewrite(manifest: dict, tensors: dict[str, torch.Tensor], tmp: Path) -> bytes:
     """A file with valid checksums over whatever manifest and tensors it is given."""
     text = json.dumps(manifest)
@@ -119,7 +111,7 @@ def _index_tensors(manifest: dict, roles: tuple[str, ...]) -> list[str]:
 def _cases(valid: bytes, tmp: Path) -> list[tuple[str, bytes]]:
     rng = random.Random(SEED)
     tmp.write_bytes(valid)
-    manifest, tensors = _raw(tmp)
+    manifest, tensors = load_raw(tmp)
     N, R = manifest["buffers"]["num_slots"], manifest["buffers"]["num_record_rows"]
     cases: list[tuple[str, bytes]] = []
     padding = _header_padding(valid)

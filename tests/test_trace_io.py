@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -72,6 +74,21 @@ def test_write_is_atomic_and_leaves_no_temporary_file(built, tmp_path):
     built.write(path)
     assert read_trace(path).manifest.events
     assert [p.name for p in tmp_path.iterdir()] == ["t.safetensors"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002])
+def test_written_trace_gets_the_normal_file_mode(built, tmp_path, mask):
+    """0666 & ~umask, as for any new file; not the 0600 of a temporary file."""
+    path = tmp_path / "t.safetensors"
+    old = os.umask(mask)
+    try:
+        built.write(path)
+        first = stat.S_IMODE(path.stat().st_mode)
+        built.write(path)  # written again over the first
+        again = stat.S_IMODE(path.stat().st_mode)
+    finally:
+        os.umask(old)
+    assert first == again == 0o666 & ~mask
 
 
 def test_writer_refuses_unnamed_tensors(built, tmp_path):

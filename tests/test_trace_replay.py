@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from tests.trace_helpers import TINY, first_event, load_raw, make_trace, rewrite, run_kda
 from traces.compare import DEFAULT_TOLERANCES, Tolerance, bf16_ulp_distance, compare
+from traces.io import CHECKSUM_KEY
 from traces.synth import SynthConfig, synthesize
 
 
@@ -193,6 +195,8 @@ def test_shipped_sample_is_small_k3_shaped_and_passes(capsys, monkeypatch):
     assert code == 0 and report["passed"] and report["impl"] == "triton", err
     assert report["final"] and len(report["events"]) == 8
     manifest, _ = load_raw(sample)
+    with safe_open(str(sample), "pt") as f:
+        assert CHECKSUM_KEY in f.metadata()  # written by the current writer: read checked
     assert manifest["dims"] == {"H": 12, "K": 128, "V": 128, "T": 8} and manifest["lower_bound"] == -5.0
     assert {e["op"] for e in manifest["events"]} == {"verify", "plan", "defer", "commit", "flush"}
 

@@ -70,6 +70,9 @@ from typing import Callable
 
 import torch
 
+from traces.schema import PLAN_FIELDS
+from traces.tape import event_call, trace_buffers
+
 SCHEMA = "kda-bench/1"
 SMOKE_LABEL = "interpreter smoke run: timings are not measurements"
 OPS = ("verify", "plan", "defer", "commit", "flush", "step-stock", "step-deferred")
@@ -678,18 +681,10 @@ class TraceState:
     """A trace's buffers on ``device``, evolving under ``impl``'s ops, and each event's call."""
 
     def __init__(self, trace, impl: ModuleType, device: str):
-        from traces.schema import BUFFERS, PLAN_FIELDS
-
         m = trace.manifest
         self.trace, self.impl, self.device, self.T, self.lower_bound = trace, impl, device, m.dims.T, m.lower_bound
-        self.A_log, self.dt_bias = self.load(m.params["A_log"]), self.load(m.params["dt_bias"])
-        self.buffers = {role: self.load(m.initial[role]) for role in BUFFERS}
-        self.records = impl.KDARecoverSSMRecords(self.buffers["records.correction"], self.buffers["records.key_gate"])
-        self.plan_fields = PLAN_FIELDS
-        self.plan = impl.CommitPlan(*(self.buffers[f"plan.{f}"] for f in PLAN_FIELDS))
-
-    def load(self, name: str) -> torch.Tensor:
-        return self.trace.tensor(name).to(self.device)
+        self.bufs = trace_buffers(trace, impl, device)
+        self.buffers = self.bufs.as_roles()
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {role: t.clone() for role, t in self.buffers.items()}
@@ -700,25 +695,8 @@ class TraceState:
 
     def call(self, op: str, x: dict[str, torch.Tensor], attrs: dict) -> Callable[[], None]:
         """The event's call on the evolving buffers; a verify writes into a fresh output."""
-        impl, T, lb, pool, pending = self.impl, self.T, self.lower_bound, self.buffers["checkpoint_state"], \
-            self.buffers["pending"]
-        if op == "verify":
-            out = torch.zeros_like(x["v"])
-            return lambda: impl.kda_recoverssm_verify(
-                x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], self.A_log, self.dt_bias, lb, pool, self.records,
-                x["query_start_loc"], x["state_indices"], T, out=out, record_indices=x.get("record_indices"))
-        if op == "plan":
-            return lambda: impl.kda_recoverssm_plan(
-                self.plan, x["num_accepted"], x["query_start_loc"], x["state_indices"], T,
-                x.get("block_table"), x.get("num_computed"), attrs.get("block_size"))
-        if op == "defer":
-            return lambda: impl.kda_recoverssm_defer(self.plan, x["state_indices"], x["record_rows"], pending,
-                                                     x.get("eager"))
-        if op == "commit":
-            return lambda: impl.kda_recoverssm_commit(pool, self.records, self.A_log, self.dt_bias, lb,
-                                                      x["state_indices"], self.plan, x.get("record_indices"))
-        return lambda: impl.kda_recoverssm_flush(pool, self.records, self.A_log, self.dt_bias, lb,
-                                                 x["state_indices"], x["record_rows"], pending, self.plan)
+        out = torch.zeros_like(x["v"]) if op == "verify" else None
+        return event_call(self.impl, op, x, attrs, self.bufs, self.T, self.lower_bound, out=out)
 
 
 def run_trace_bench(trace, config: BenchConfig, device: str,
@@ -754,12 +732,12 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
                 row.error = broken
                 continue
             snap = st.snapshot()
-            plan = {f: snap[f"plan.{f}"].tolist() for f in st.plan_fields}
+            plan = {f: snap[f"plan.{f}"].tolist() for f in PLAN_FIELDS}
             row.bytes, row.committed_tokens = event_bytes(event.op, shape, m.dims.T, host, plan,
                                                           snap["pending"].tolist())
             progress(f"{spec} event {i} {event.op} B={row.batch}")
             try:
-                x = {role: st.load(name) for role, name in event.inputs.items()}
+                x = {role: t.to(device) for role, t in trace.tensors(event.inputs).items()}
                 call = st.call(event.op, x, event.attrs)
                 times = _time_calls(call, lambda: st.restore(snap), 1, timer, config, calls)
                 _fill_times(row, times, ceiling)

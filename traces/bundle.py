@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traces.determinism import DeterminismReport
+from traces.io import umask
 from traces.provenance import environment
-from traces.shrink import Divergence, ShrinkResult, Signature
+from traces.shrink import Divergence, ShrinkResult, Signature, failure_kind, parse_failure
 
 TRACE_NAME = "trace.safetensors"
 
@@ -53,7 +54,7 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
         raise BundleError(f"--out {out}: exists and is not an empty folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o755)
+    tmp.chmod(0o777 & ~umask())  # mkdtemp gives 0700; a bundle is a normal folder
     try:
         tape = result.tape
         tape.provenance = {**tape.provenance, "shrunk_from": str(source), "shrunk_by": "kda repro",
@@ -97,9 +98,7 @@ def _recheck(folder: Path, command: list[str], timeout: float) -> Recheck:
         signature = _json_signature(done.stdout)
     elif done.returncode == 3 and " failed at event " in done.stderr:
         # "Error: IMPL failed at event I (OP): TYPE: message"
-        text = done.stderr.split(" failed at event ", 1)[1]
-        op = text[text.find("(") + 1: text.find(")")]
-        kind = text.split("): ", 1)[-1].split(":", 1)[0].strip()
+        _, op, kind = parse_failure("event " + done.stderr.split(" failed at event ", 1)[1])
         signature = Signature(op, "-", f"raised {kind}")
     return Recheck(command, done.returncode, signature)
 
@@ -115,8 +114,8 @@ def _json_signature(stdout: str) -> Signature | None:
     if not failing:
         return None
     op, tensor = failing[0]
-    finite = isinstance(tensor["first_bad"]["actual"], (int, float))  # JSON spells NaN and Inf as strings
-    return Signature(op, tensor["role"], "mismatch" if finite else "nonfinite")
+    actual = float(tensor["first_bad"]["actual"])  # JSON spells NaN and Inf as strings: "nan", "inf"
+    return Signature(op, tensor["role"], failure_kind(actual))
 
 
 def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],

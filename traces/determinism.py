@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from traces.io import read_trace
-from traces.record import Recorder
-from traces.tape import Tape, initial_buffers, play
+from traces.record import record_play
+from traces.tape import Tape, initial_buffers
 
 
 @dataclass
@@ -62,10 +62,7 @@ def check_determinism(tape: Tape, impl, runs: int, device: str = "cpu") -> Deter
             bufs = initial_buffers(tape, impl, device)
             error = None
             try:
-                with Recorder(path, impl) as rec:
-                    rec.bind(bufs.pool, bufs.records, bufs.pending, bufs.plan, bufs.A_log, bufs.dt_bias,
-                             tape.lower_bound)
-                    play(tape, rec, device, bufs=bufs)
+                record_play(tape, impl, path, device, bufs=bufs)
             except Exception as exc:  # the implementation raised: compare what completed
                 error = f"{type(exc).__name__}: {exc}"
             report.errors.append(error)

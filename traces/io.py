@@ -2,8 +2,9 @@
 
 ``read_trace(path)`` opens a trace lazily (``safe_open``) and validates it in full before
 returning; tensors are then loaded one at a time with ``Trace.tensor``. ``write_trace``
-validates too, and writes atomically: a temporary file in the same folder, then a rename.
-``TraceBuilder`` names the tensors of a trace being recorded or synthesised.
+validates too, and writes atomically (``save_atomic``, which the recorder's shards use as
+well: a temporary file in the same folder, given the normal mode 0666 & ~umask, then a
+rename). ``TraceBuilder`` names the tensors of a trace being recorded or synthesised.
 
 Integrity: the writer stores a second metadata entry, ``checksums`` (CRC-32 of the manifest
 text and of every tensor's bytes). The reader refuses any other metadata entry, checks the
@@ -77,6 +78,10 @@ class Trace:
         if self._checksums is not None and crc32(t) != self._checksums[name]:
             raise TraceError(f"tensor '{name}': checksum mismatch (the file is damaged)")
         return t
+
+    def tensors(self, names: Mapping[str, str]) -> dict[str, torch.Tensor]:
+        """``{role: tensor name}`` -> ``{role: tensor}``, each loaded by ``tensor``."""
+        return {role: self.tensor(name) for role, name in names.items()}
 
     def meta(self, name: str) -> TensorMeta | None:
         if name not in self.names:
@@ -160,14 +165,38 @@ def write_trace(path: str | os.PathLike, manifest: Manifest, tensors: Mapping[st
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    save_atomic(p, data, file_metadata(manifest.to_json(), data))
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where the OS allows."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_atomic(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> int:
+    """Write a safetensors file atomically: a temporary file in ``path``'s folder, renamed
+    over ``path``. The file gets the mode a new file normally gets (0666 & ~umask), not the
+    0600 of temporary files. Returns its size in bytes."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file(data, tmp, metadata=file_metadata(manifest.to_json(), data))
-        os.replace(tmp, p)
+        save_file(dict(tensors), tmp, metadata=metadata)
+        os.chmod(tmp, 0o666 & ~umask())
+        size = os.stat(tmp).st_size
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return size
 
 
 class TraceBuilder:

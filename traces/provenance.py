@@ -27,3 +27,11 @@ def environment() -> dict[str, str]:
         "platform": platform.platform(),
         "gpu": gpu,
     }
+
+
+def trace_provenance(producer: str, **fields) -> dict:
+    """A trace manifest's ``provenance``: ``producer``, ``versions`` (of ``environment``),
+    ``gpu``, then ``fields``."""
+    env = environment()
+    return {"producer": producer, "versions": {k: v for k, v in env.items() if k != "gpu"}, "gpu": env["gpu"],
+            **fields}

@@ -31,7 +31,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,11 +40,10 @@ from typing import Any, Iterator
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from traces.io import TraceBuilder
+from traces.io import TraceBuilder, save_atomic
 from traces.schema import NULL_ID, OPS, PLAN_FIELDS, BufferSizes, Dims, Manifest, TraceError
-from traces.validate import dtype_name
+from traces.validate import TORCH_DTYPES, dtype_name
 
 SHARD_KEY = "kda-shard"
 SNAPSHOTS = ("touched", "all")
@@ -119,14 +117,11 @@ class Recorder:
         self._seen_rows: set[int] = set()
         self._seen_whole: set[str] = set()
         self._max_batch = 1
-        from traces.provenance import environment
+        from traces.provenance import trace_provenance
 
-        env = environment()
-        self.provenance: dict[str, Any] = {
-            "producer": "kda record", "versions": {k: v for k, v in env.items() if k != "gpu"}, "gpu": env["gpu"],
-            "command": shlex.join(sys.argv), "impl": impl_name, "snapshot": snapshot, "ops": list(self.ops),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid(),
-        }
+        self.provenance: dict[str, Any] = trace_provenance(
+            "kda record", command=shlex.join(sys.argv), impl=impl_name, snapshot=snapshot, ops=list(self.ops),
+            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
 
     def __getattr__(self, name: str) -> Any:
         if name == "impl":  # not set yet: never recurse
@@ -431,15 +426,7 @@ def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> int:
     """Write one shard atomically; return its size in bytes."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={SHARD_KEY: json.dumps(meta)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
+    return save_atomic(path, tensors, {SHARD_KEY: json.dumps(meta)})
 
 
 def _load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -449,10 +436,6 @@ def _load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 
 # -- merging ----------------------------------------------------------------------------
-
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                 "float64": torch.float64}
-
 
 def merge_shards(shards: str | os.PathLike, out: str | os.PathLike,
                  extra_provenance: dict[str, Any] | None = None) -> MergeResult:
@@ -505,7 +488,7 @@ def _assemble(events: list[tuple[dict, dict, dict | None]], extra: dict[str, Any
     if "dims" not in ctx:
         raise TraceError("no verify, commit or flush was recorded, so the state pool is unknown")
     d = Dims(**ctx["dims"])
-    state, act = _TORCH_DTYPES[ctx["state_dtype"]], _TORCH_DTYPES[ctx["activation_dtype"]]
+    state, act = TORCH_DTYPES[ctx["state_dtype"]], TORCH_DTYPES[ctx["activation_dtype"]]
     N, R, P = ctx["num_slots"], ctx["num_record_rows"], ctx.get("plan_rows", ctx["max_batch"])
     initial = {
         "checkpoint_state": torch.zeros(N, d.H, d.V, d.K, dtype=state),
@@ -540,6 +523,18 @@ def _assemble(events: list[tuple[dict, dict, dict | None]], extra: dict[str, Any
         results = {n.removeprefix("expected."): t for n, t in (expected or {}).items()}
         builder.add_event(meta["op"], inputs, results, meta["attrs"])
     return builder
+
+
+def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=None) -> None:
+    """Play ``tape`` (a ``traces.tape.Tape``) through ``api`` under a recorder writing ``path``,
+    so that what ``api`` computes becomes the expected results. ``bufs``: the buffers to
+    play on (default: fresh ``initial_buffers``); the recorder binds them up front."""
+    from traces.tape import initial_buffers, play
+
+    bufs = bufs or initial_buffers(tape, api, device)
+    with Recorder(path, api) as rec:
+        rec.bind(bufs.pool, bufs.records, bufs.pending, bufs.plan, bufs.A_log, bufs.dt_bias, tape.lower_bound)
+        play(tape, rec, device, bufs=bufs)
 
 
 # -- the process hook --------------------------------------------------------------------
@@ -607,4 +602,4 @@ def _close_at_exit(recorder: Recorder) -> None:
 
 
 __all__ = ["ENV_PATH", "MergeResult", "RecordError", "Recorder", "api", "merge_shards", "options_from_env",
-           "record_trace", "shards_dir", "written_slots"]
+           "record_play", "record_trace", "shards_dir", "written_slots"]

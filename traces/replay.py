@@ -18,6 +18,7 @@ import torch
 from traces.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
 from traces.io import Trace
 from traces.schema import BUFFERS, PLAN_FIELDS, Event
+from traces.tape import event_call, trace_buffers
 
 EXACT_ROLES = ("records.key_gate",)
 """Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""
@@ -143,22 +144,15 @@ class _Buffers:
         m = trace.manifest
         self.trace, self.impl, self.device = trace, impl, device
         self.T, self.K, self.lower_bound = m.dims.T, m.dims.K, m.lower_bound
-        load = self.load
-        self.A_log, self.dt_bias = load(m.params["A_log"]), load(m.params["dt_bias"])
-        self.pool = load(m.initial["checkpoint_state"])
-        self.records = impl.KDARecoverSSMRecords(load(m.initial["records.correction"]),
-                                                 load(m.initial["records.key_gate"]))
-        self.pending = load(m.initial["pending"])
-        self.plan = impl.CommitPlan(*(load(m.initial[f"plan.{f}"]) for f in PLAN_FIELDS))
-        self.cuda = torch.device(device).type == "cuda"
-
-    def load(self, name: str) -> torch.Tensor:
-        return self.trace.tensor(name).to(self.device)
+        self.bufs = trace_buffers(trace, impl, device)
 
     def run(self, index: int, event: Event, timed: bool) -> float | None:
         """Run one event on the buffers; return its GPU time in seconds when ``timed``."""
-        x = {role: self.load(name) for role, name in event.inputs.items()}
-        call = self._call(event, x)
+        x = {role: t.to(self.device) for role, t in self.trace.tensors(event.inputs).items()}
+        if event.op == "verify":
+            self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
+        call = event_call(self.impl, event.op, x, event.attrs, self.bufs, self.T, self.lower_bound,
+                          out=self.out if event.op == "verify" else None)
         if not timed:
             call()
             return None
@@ -169,34 +163,13 @@ class _Buffers:
         end.synchronize()
         return begin.elapsed_time(end) / 1e3
 
-    def _call(self, event: Event, x: dict[str, torch.Tensor]) -> Callable[[], None]:
-        impl, T, lb = self.impl, self.T, self.lower_bound
-        if event.op == "verify":
-            self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
-            return lambda: impl.kda_recoverssm_verify(
-                x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], self.A_log, self.dt_bias, lb, self.pool,
-                self.records, x["query_start_loc"], x["state_indices"], T, out=self.out,
-                record_indices=x.get("record_indices"))
-        if event.op == "plan":
-            return lambda: impl.kda_recoverssm_plan(
-                self.plan, x["num_accepted"], x["query_start_loc"], x["state_indices"], T,
-                x.get("block_table"), x.get("num_computed"), event.attrs.get("block_size"))
-        if event.op == "defer":
-            return lambda: impl.kda_recoverssm_defer(self.plan, x["state_indices"], x["record_rows"], self.pending,
-                                                     x.get("eager"))
-        if event.op == "commit":
-            return lambda: impl.kda_recoverssm_commit(self.pool, self.records, self.A_log, self.dt_bias, lb,
-                                                      x["state_indices"], self.plan, x.get("record_indices"))
-        return lambda: impl.kda_recoverssm_flush(self.pool, self.records, self.A_log, self.dt_bias, lb,
-                                                 x["state_indices"], x["record_rows"], self.pending, self.plan)
-
     # -- comparison -------------------------------------------------------------------
 
     def compare_event(self, index: int, event: Event, tol: dict[str, Tolerance]) -> list[Comparison]:
         if not event.expected:
             return []
         base = {"event": index, "op": event.op}
-        cpu = {role: self.trace.tensor(name) for role, name in event.inputs.items()}
+        cpu = self.trace.tensors(event.inputs)
         slots = cpu["state_indices"].long()
         batch = slots.shape[0]
         rec_key = "record_rows" if "record_rows" in cpu else "record_indices"
@@ -233,7 +206,8 @@ class _Buffers:
             lens = (qsl[1:] - qsl[:-1]).clamp(0, self.T)
             written = (slots > 0) & (rec >= 0)
             mask = (written[:, None] & (torch.arange(self.T)[None, :] < lens[:, None]))[:, None, :, None]
-            buf = self.records.correction if role == "records.correction" else self.records.key_gate
+            records = self.bufs.records
+            buf = records.correction if role == "records.correction" else records.key_gate
             actual = buf[rec.clamp(min=0).to(buf.device)]
 
             def locate_record(i):
@@ -242,29 +216,26 @@ class _Buffers:
                 return {**where, **_record_lane(role, j, K)}
             return actual, mask, locate_record
         if role in PLAN_FIELDS:
-            return (getattr(self.plan, role)[:batch], None,
+            return (getattr(self.bufs.plan, role)[:batch], None,
                     lambda i: {"batch_row": i[0], "slot": int(slots[i[0]])})
         if role == "pending":
-            return self.pending, None, lambda i: {"record_row": i[0]}
+            return self.bufs.pending, None, lambda i: {"record_row": i[0]}
         # states: the slots the op wrote, named by the expected "slots" tensor; the batch
         # row is the first whose plan sends its fold there (None if the plan names none)
         written = self.trace.tensor(event.expected["slots"]).long()
-        final = self.plan.final_state_indices[:batch].cpu().long()
-        boundary = self.plan.boundary_state_indices[:batch].cpu().long()
+        plan, pool = self.bufs.plan, self.bufs.pool
+        final = plan.final_state_indices[:batch].cpu().long()
+        boundary = plan.boundary_state_indices[:batch].cpu().long()
 
         def locate_state(i):
             slot = int(written[i[0]])
             rows = ((final == slot) | (boundary == slot)).nonzero()
             return {"batch_row": int(rows[0, 0]) if len(rows) else None, "slot": slot, "head": i[1], "v": i[2],
                     "k": i[3]}
-        return self.pool[written.to(self.pool.device)], None, locate_state
+        return pool[written.to(pool.device)], None, locate_state
 
     def compare_final(self, tol: dict[str, Tolerance]) -> list[Comparison]:
-        actual = {
-            "checkpoint_state": self.pool, "records.correction": self.records.correction,
-            "records.key_gate": self.records.key_gate, "pending": self.pending,
-            **{f"plan.{f}": getattr(self.plan, f) for f in PLAN_FIELDS},
-        }
+        actual = self.bufs.as_roles()
         results = []
         for role in BUFFERS:
             name = self.trace.manifest.final[role]

@@ -25,11 +25,11 @@ from typing import Any, Callable, Iterator
 
 from traces.compare import Comparison
 from traces.io import read_trace
-from traces.record import RecordError, Recorder
+from traces.record import RecordError, record_play
 from traces.replay import ReplayFailure, ReplayReport, replay
 from traces.schema import NULL_ID, TraceError
 from traces.slice import compact, drop_request, drop_rows, keep_heads, row_spaces, shorten_windows
-from traces.tape import Tape, initial_buffers, play, rebased
+from traces.tape import Tape, rebased
 
 _CANDIDATE_ERRORS = (ValueError, RuntimeError, TypeError, IndexError, TraceError, RecordError)
 """A candidate the oracle or the trace format rejects is simply not kept."""
@@ -86,17 +86,31 @@ def divergence_of(report: ReplayReport) -> Divergence | None:
     return None
 
 
+def failure_kind(actual: float) -> str:
+    """The kind of a failing comparison from its first bad element's actual value:
+    ``mismatch`` when it is finite, ``nonfinite`` when the implementation produced NaN/Inf."""
+    return "mismatch" if math.isfinite(actual) else "nonfinite"
+
+
 def _kind(c: Comparison) -> str:
-    return "mismatch" if c.first_bad is not None and math.isfinite(c.first_bad.actual) else "nonfinite"
+    return failure_kind(c.first_bad.actual) if c.first_bad is not None else "nonfinite"
+
+
+def parse_failure(text: str) -> tuple[int, str, str]:
+    """Event index, op and exception type of a ``ReplayFailure`` message, which reads
+    ``event I (OP): TYPE: message`` (-1 and ``?`` where they cannot be read)."""
+    head, _, rest = text.partition(": ")
+    words = head.split()
+    index = int(words[1]) if len(words) > 1 and words[0] == "event" and words[1].isdigit() else -1
+    op = head[head.find("(") + 1: head.find(")")] if "(" in head else "?"
+    return index, op, rest.partition(":")[0].strip()
 
 
 def _raised(exc: ReplayFailure) -> Divergence:
-    """``ReplayFailure`` messages read ``event I (OP): TYPE: message``."""
     text = str(exc)
-    head, _, rest = text.partition(": ")
-    index = int(head.split()[1]) if head.startswith("event ") else -1
-    op = head[head.find("(") + 1: head.find(")")] if "(" in head else "?"
-    kind = type(exc.__cause__).__name__ if exc.__cause__ is not None else rest.partition(":")[0]
+    index, op, kind = parse_failure(text)
+    if exc.__cause__ is not None:
+        kind = type(exc.__cause__).__name__
     return Divergence(index, Signature(op, "-", f"raised {kind}"), None, text)
 
 
@@ -104,10 +118,7 @@ def regenerate(tape: Tape, oracle, path: Path, device: str = "cpu") -> Tape:
     """``tape`` with ``oracle``'s results as its expected results (recorded to ``path``, which
     is overwritten, and loaded back). Initial buffers the events never touch become zeros."""
     path.unlink(missing_ok=True)
-    bufs = initial_buffers(tape, oracle, device)
-    with Recorder(path, oracle) as rec:
-        rec.bind(bufs.pool, bufs.records, bufs.pending, bufs.plan, bufs.A_log, bufs.dt_bias, tape.lower_bound)
-        play(tape, rec, device, bufs=bufs)
+    record_play(tape, oracle, path, device)
     with read_trace(path) as trace:
         out = Tape.load(trace)
     out.provenance = tape.provenance
@@ -258,4 +269,5 @@ _PASSES = (("drop event", _drop_events), ("drop request", _drop_requests), ("dro
            ("keep one head", _keep_one_head), ("shorten window", _shorten))
 
 
-__all__ = ["Divergence", "ShrinkResult", "Signature", "divergence_of", "first_divergence", "regenerate", "shrink"]
+__all__ = ["Divergence", "ShrinkResult", "Signature", "divergence_of", "failure_kind", "first_divergence",
+           "parse_failure", "regenerate", "shrink"]

@@ -27,6 +27,7 @@ import torch
 from kernels import reference as ref
 from traces.io import TraceBuilder
 from traces.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
+from traces.validate import TORCH_DTYPES
 
 MODES = ("stock", "deferred", "mixed")
 KEEP_EXPECTED = ("all", "outputs", "none")
@@ -97,10 +98,6 @@ class _Request:
     pending: int = 0
 
 
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                 "float64": torch.float64}
-
-
 def synthesize(config: SynthConfig) -> TraceBuilder:
     """Simulate ``config`` and return the trace, ready for ``TraceBuilder.write``."""
     config.check()
@@ -113,22 +110,20 @@ class _Simulation:
         p = PRESETS[cfg.preset]
         self.dims = d = p.dims
         self.lower_bound = p.lower_bound
-        self.act = _TORCH_DTYPES[p.activation_dtype]
-        self.state_dtype = _TORCH_DTYPES[p.state_dtype]
+        self.act = TORCH_DTYPES[p.activation_dtype]
+        self.state_dtype = TORCH_DTYPES[p.state_dtype]
         self.num_slots = cfg.num_slots or cfg.max_batch + 2
         self.num_rows = cfg.num_record_rows or cfg.max_batch
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         sizes = BufferSizes(self.num_slots, self.num_rows, cfg.max_batch)
-        from traces.provenance import environment
+        from traces.provenance import trace_provenance
 
-        env = environment()
         note = cfg.note or (f"kda synth --preset {cfg.preset} --mode {cfg.mode} --requests {cfg.requests} "
                             f"--steps {cfg.steps} --seed {cfg.seed} --acceptance {cfg.acceptance} "
                             f"--max-batch {cfg.max_batch}")
         manifest = Manifest(d, p.activation_dtype, p.state_dtype, p.lower_bound, sizes, {}, {},
-                            provenance={"producer": "kda synth", "versions": {k: v for k, v in env.items() if k != "gpu"},
-                                        "gpu": env["gpu"], "note": note})
+                            provenance=trace_provenance("kda synth", note=note))
         self.out = TraceBuilder(manifest)
 
         self.A_log = torch.log(torch.empty(d.H).uniform_(1.0, 16.0, generator=self.gen))

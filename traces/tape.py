@@ -9,12 +9,16 @@ tape and write it back with ``Tape.write`` (which validates).
 buffers after the last event played. With ``patch=True`` every buffer region an event's
 expected results describe is overwritten with them after the event, so the buffers follow
 the recording wherever it recorded something.
+
+``event_call`` is the one place where an event becomes a kernel call: ``play``, the replay
+(``traces.replay``) and the trace bench (``traces.bench``) all run events through it, the
+last two on an opened trace's buffers (``trace_buffers``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -54,11 +58,7 @@ class Tape:
     @classmethod
     def load(cls, trace: Trace) -> "Tape":
         """Every tensor of an opened trace (``traces.io.read_trace``), loaded on the CPU."""
-        m = trace.manifest
-
-        def tensors(names: dict[str, str]) -> dict[str, torch.Tensor]:
-            return {role: trace.tensor(name) for role, name in names.items()}
-
+        m, tensors = trace.manifest, trace.tensors
         steps = [Step(e.op, tensors(e.inputs), tensors(e.expected), dict(e.attrs)) for e in m.events]
         return cls(m.dims, m.activation_dtype, m.state_dtype, m.lower_bound, tensors(m.params), tensors(m.initial),
                    steps, tensors(m.final), dict(m.provenance))
@@ -105,34 +105,56 @@ class Buffers:
                 "records.key_gate": self.records.key_gate, "pending": self.pending,
                 **{f"plan.{f}": getattr(self.plan, f) for f in PLAN_FIELDS}}
 
+    @classmethod
+    def from_roles(cls, tensors: Mapping[str, torch.Tensor], api, device: str, copy: bool = True) -> "Buffers":
+        """Buffers from ``{role: tensor}`` (every ``schema.BUFFERS`` role, ``A_log`` and
+        ``dt_bias``), moved to ``device`` (copied when ``copy``), in ``api``'s buffer types."""
+        b = {role: t.to(device, copy=copy) for role, t in tensors.items()}
+        return cls(b["checkpoint_state"], api.KDARecoverSSMRecords(b["records.correction"], b["records.key_gate"]),
+                   b["pending"], api.CommitPlan(*(b[f"plan.{f}"] for f in PLAN_FIELDS)), b["A_log"], b["dt_bias"])
+
 
 def initial_buffers(tape: Tape, api, device: str) -> Buffers:
     """Fresh copies of the tape's initial buffers and parameters on ``device``, in ``api``'s
     buffer types."""
-    b = {role: t.to(device, copy=True) for role, t in {**tape.initial, **tape.params}.items()}
-    return Buffers(b["checkpoint_state"], api.KDARecoverSSMRecords(b["records.correction"], b["records.key_gate"]),
-                   b["pending"], api.CommitPlan(*(b[f"plan.{f}"] for f in PLAN_FIELDS)), b["A_log"], b["dt_bias"])
+    return Buffers.from_roles({**tape.initial, **tape.params}, api, device)
+
+
+def trace_buffers(trace: Trace, api, device: str) -> Buffers:
+    """An opened trace's initial buffers and parameters, loaded (checksums checked) onto
+    ``device``, in ``api``'s buffer types."""
+    m = trace.manifest
+    return Buffers.from_roles(trace.tensors({**m.params, **m.initial}), api, device, copy=False)
+
+
+def event_call(api, op: str, x: Mapping[str, torch.Tensor], attrs: Mapping[str, Any], bufs: Buffers, T: int,
+               lower_bound: float | None, out: torch.Tensor | None = None) -> Callable[[], Any]:
+    """One event's call through ``api`` on ``bufs``, ready to run (and to run again): ``x``
+    holds its inputs by role, on the device; ``out`` is verify's output (None: the op
+    allocates it). The thunk returns what the op returns."""
+    A_log, dt_bias, lb = bufs.A_log, bufs.dt_bias, lower_bound
+    if op == "verify":
+        return lambda: api.kda_recoverssm_verify(
+            x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], A_log, dt_bias, lb, bufs.pool, bufs.records,
+            x["query_start_loc"], x["state_indices"], T, out=out, record_indices=x.get("record_indices"))
+    if op == "plan":
+        return lambda: api.kda_recoverssm_plan(bufs.plan, x["num_accepted"], x["query_start_loc"],
+                                               x["state_indices"], T, x.get("block_table"), x.get("num_computed"),
+                                               attrs.get("block_size"))
+    if op == "defer":
+        return lambda: api.kda_recoverssm_defer(bufs.plan, x["state_indices"], x["record_rows"], bufs.pending,
+                                                x.get("eager"))
+    if op == "commit":
+        return lambda: api.kda_recoverssm_commit(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
+                                                 bufs.plan, x.get("record_indices"))
+    return lambda: api.kda_recoverssm_flush(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
+                                            x["record_rows"], bufs.pending, bufs.plan)
 
 
 def call(api, step: Step, bufs: Buffers, tape: Tape, device: str):
     """Run one step through ``api`` on ``bufs``; returns what the op returns."""
     x = {role: t.to(device) for role, t in step.inputs.items()}
-    A_log, dt_bias = bufs.A_log, bufs.dt_bias
-    T, lb = tape.dims.T, tape.lower_bound
-    if step.op == "verify":
-        return api.kda_recoverssm_verify(
-            x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], A_log, dt_bias, lb, bufs.pool, bufs.records,
-            x["query_start_loc"], x["state_indices"], T, record_indices=x.get("record_indices"))
-    if step.op == "plan":
-        return api.kda_recoverssm_plan(bufs.plan, x["num_accepted"], x["query_start_loc"], x["state_indices"], T,
-                                       x.get("block_table"), x.get("num_computed"), step.attrs.get("block_size"))
-    if step.op == "defer":
-        return api.kda_recoverssm_defer(bufs.plan, x["state_indices"], x["record_rows"], bufs.pending, x.get("eager"))
-    if step.op == "commit":
-        return api.kda_recoverssm_commit(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"], bufs.plan,
-                                         x.get("record_indices"))
-    return api.kda_recoverssm_flush(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
-                                    x["record_rows"], bufs.pending, bufs.plan)
+    return event_call(api, step.op, x, step.attrs, bufs, tape.dims.T, tape.lower_bound)()
 
 
 def play(tape: Tape, api, device: str = "cpu", stop: int | None = None, patch: bool = False,
@@ -184,4 +206,5 @@ def rebased(tape: Tape, start: int, oracle, device: str = "cpu") -> Tape:
     return tape.with_steps(tape.steps[start:], initial=initial)
 
 
-__all__ = ["Buffers", "Step", "Tape", "apply_expected", "call", "initial_buffers", "play", "rebased"]
+__all__ = ["Buffers", "Step", "Tape", "apply_expected", "call", "event_call", "initial_buffers", "play", "rebased",
+           "trace_buffers"]

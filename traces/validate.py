@@ -22,6 +22,8 @@ DTYPE_NAMES = {
     torch.int32: "int32", torch.int64: "int64", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
     torch.bool: "bool",
 }
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+"""The manifest's dtype names -> torch dtypes."""
 FLAG_DTYPES = ("bool", "int8", "uint8", "int32")
 
 

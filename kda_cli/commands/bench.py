@@ -6,14 +6,13 @@ The engine (workloads, timing, byte counts, save/compare) is ``traces.bench``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import List, Optional
 
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console
 
 NO_GPU = "kda bench needs a CUDA GPU; none found (use --interpreter-smoke for a CPU smoke run)"
 
@@ -43,13 +42,10 @@ def _fmt_us(value: float | None) -> str:
 
 
 def _render_human(run, ratios: dict, comparison) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
-    if not console.is_terminal:
-        console.width = 240  # a file or a pipe gets whole rows, not columns squeezed to 80
+    console = make_console(pipe_width=240)  # a file or a pipe gets whole rows, not columns squeezed to 80
     w = run.workload
     if run.label:
         console.print(f"[bold]{escape(run.label)}[/]")
@@ -140,8 +136,7 @@ def bench(
 
     Each sample replays one CUDA graph over enough disjoint state slots that state comes from DRAM, with consumed state restored and L2 flushed between samples; rows report median, p10/p90 and count, contract bytes per call, GB/s and the fraction of a copy ceiling measured in the same run. With --trace, each recorded event is timed from the buffers just before it.
     """
-    if format not in ("human", "json"):
-        raise CommandError(f"--format must be human or json, got {format!r}", EXIT_BAD_INPUT)
+    check_format(format)
     if trace is not None:
         given = [flag for flag, value in (("--preset", preset), ("--batch", batch), ("--spec-len", spec_len),
                                           ("--state-dtype", state_dtype), ("--accept", accept), ("--ops", ops),
@@ -185,23 +180,16 @@ def bench(
             raise CommandError(NO_GPU, EXIT_RUNTIME)
         device = "cuda"
 
-    from traces.impl import ImplError
-
-    try:
+    with bad_input():
         if trace is not None:
             from traces.io import read_trace
-            from traces.schema import TraceError
 
-            try:
+            with bad_input("--trace: "):
                 opened = read_trace(trace)
-            except TraceError as exc:
-                raise CommandError(f"--trace: {exc}", EXIT_BAD_INPUT) from None
             with opened:
                 run = engine.run_trace_bench(opened, config, device, progress=_stderr)
         else:
             run = engine.run_bench(config, device, progress=_stderr)
-    except ImplError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
 
     ratios = engine.impl_ratios(run)
     comparison = engine.compare_runs(run, base) if base is not None else None

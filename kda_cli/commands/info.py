@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections import Counter
 from pathlib import Path
 
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, CommandError
+from kda_cli.runtime import bad_input, check_format, make_console
 
 
 def trace_summary(trace) -> dict:
@@ -41,23 +39,17 @@ def info(
     format: str = typer.Option("human", "--format", help="human or json."),
 ) -> None:
     """Summarise a trace: shapes, dtypes, buffer sizes, events per op, provenance."""
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    check_format(format)
     from traces.io import read_trace
-    from traces.schema import TraceError
 
-    try:
-        with read_trace(trace) as opened:
-            s = trace_summary(opened)
-    except TraceError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+    with bad_input(), read_trace(trace) as opened:
+        s = trace_summary(opened)
     if format == "json":
         print(json.dumps(s))
         return
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console(file=sys.stdout, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
+    console = make_console()
     d, b = s["dims"], s["buffers"]
     lines = [
         f"trace {s['path']} ({s['file_bytes'] / 2**20:.2f} MiB, {s['tensors']} tensors), {s['format']} v{s['version']}",

@@ -12,15 +12,15 @@ from typing import List, Optional
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, check_format
 
 record_app = typer.Typer(help="Record kernel calls into a trace; merge shards after a crash.", no_args_is_help=True)
 app.add_typer(record_app, name="record")
 
 
-def _print(result, format: str, note: str = "") -> None:
+def _print(result, format: str, note: str = "", **extra) -> None:
     summary = {"path": str(result.path), "events": result.events, "incomplete_event": result.incomplete,
-               "dropped_shards": result.dropped}
+               "dropped_shards": result.dropped, **extra}
     if format == "json":
         print(json.dumps(summary))
         return
@@ -39,8 +39,7 @@ def merge(
 
     Every completed event is kept, and the inputs of a call that never returned.
     """
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    check_format(format)
     from traces.record import RecordError, merge_shards
 
     try:
@@ -70,9 +69,8 @@ def run(
     command: List[str] = list(ctx.args)
     if not command:
         raise CommandError("no command to run: kda record run OUT -- COMMAND [ARGS]", EXIT_BAD_INPUT)
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
-    from traces.record import RecordError, merge_shards, shards_dir
+    check_format(format)
+    from traces.record import MergeResult, RecordError, merge_shards, shards_dir
 
     if shards_dir(out).exists():
         raise CommandError(f"{shards_dir(out)} exists: merge it (kda record merge) or remove it first", EXIT_BAD_INPUT)
@@ -85,18 +83,24 @@ def run(
         code = subprocess.call(command, env=env)
     except OSError as exc:
         raise CommandError(f"cannot run {command[0]}: {exc}", EXIT_BAD_INPUT) from None
-    result = None
     if shards_dir(out).exists():  # the program died before the recorder could merge
         try:
             result = merge_shards(shards_dir(out), out)
         except RecordError as exc:
             raise CommandError(f"the command exited with status {code}; {exc}", EXIT_RUNTIME) from None
-        _print(result, format, f" (merged from {shards_dir(out)} after the command exited with status {code})")
-    elif out.exists():
-        if format == "json":
-            print(json.dumps({"path": str(out), "exit_status": code}))
-        else:
-            print(f"wrote {out}")
+        _print(result, format, f" (merged from {shards_dir(out)} after the command exited with status {code})",
+               exit_status=code)
+    elif out.exists():  # the recorder merged its shards when the program exited
+        from traces.io import read_trace
+        from traces.schema import TraceError
+
+        try:
+            with read_trace(out) as trace:
+                events = len(trace.events)
+        except TraceError as exc:
+            raise CommandError(f"the command exited with status {code} and left {out}, not a trace: {exc}",
+                               EXIT_RUNTIME) from None
+        _print(MergeResult(out, events, None, 0), format, exit_status=code)
     if code != 0:
         raise CommandError(f"the command exited with status {code}", EXIT_RUNTIME)
     if not out.exists():

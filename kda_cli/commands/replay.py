@@ -6,7 +6,6 @@ The engine is ``traces.replay``; comparisons are ``traces.compare``.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,21 +14,17 @@ from typing import List, Optional
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, select_device
+from kda_cli.runtime import (
+    EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console, select_device,
+)
 
 SAMPLE = "k3-tp8-sample.safetensors"
 MAX_DETAILED = 10
 """Failing tensors shown with their first and worst element in the human report."""
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    console = Console(file=stream, no_color=bool(os.environ.get("NO_COLOR")), highlight=False, soft_wrap=True)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 160  # data piped to a file: do not truncate the tables
-    return console
+PIPE_WIDTH = 160
+"""Columns of the human report written to a file or a pipe: tables are not truncated."""
 
 
 def parse_tolerances(atol: List[str], rtol: List[str]) -> dict:
@@ -88,8 +83,7 @@ def replay(
 
     Exit codes: 0 match, 1 mismatch, 2 bad input or usage, 3 runtime failure.
     """
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    check_format(format)
     tolerances = parse_tolerances(atol, rtol)
     device = select_device()  # before the kernels are imported
     if device == "cpu":
@@ -99,35 +93,27 @@ def replay(
         # result is IEEE-correct and any non-finite output fails the comparison anyway
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
-    from traces.impl import ImplError, load_impl
+    from traces.impl import load_impl
     from traces.io import read_trace
     from traces.replay import ReplayFailure, replay as run_replay
-    from traces.schema import TraceError
 
     with ExitStack() as stack:
+        stack.enter_context(bad_input())
         if trace is None:
             from importlib.resources import as_file, files
 
             path = stack.enter_context(as_file(files("traces") / "samples" / SAMPLE))
         else:
             path = trace
-        try:
-            opened = stack.enter_context(read_trace(path))
-        except TraceError as exc:
-            raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+        opened = stack.enter_context(read_trace(path))
         span = parse_range(events, len(opened.events))
-        try:
-            module = load_impl(impl)
-        except ImplError as exc:
-            raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+        module = load_impl(impl)
         bar = stack.enter_context(_Progress(progress and sys.stderr.isatty(), span[1]))
         try:
             report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
                                 events=span, stop_at_first=stop_at_first, progress=bar.update)
         except ReplayFailure as exc:
             raise CommandError(f"{impl} failed at {exc}", EXIT_RUNTIME) from None
-        except TraceError as exc:
-            raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     if format == "json":
         print(json.dumps(report.to_json()))
     else:
@@ -147,7 +133,7 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
             self.bar = Progress("replay", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=_console(stderr=True), transient=True)
+                                console=make_console(stderr=True, pipe_width=PIPE_WIDTH), transient=True)
             self.bar.__enter__()
             self.task = self.bar.add_task("replay", total=self.total)
         return self
@@ -173,7 +159,7 @@ def _render(report, manifest) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = _console()
+    console = make_console(pipe_width=PIPE_WIDTH)
     d = manifest.dims
     a, b = report.event_range
     console.print(f"trace {escape(report.trace)}")

@@ -13,7 +13,9 @@ from typing import List
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, select_device
+from kda_cli.runtime import (
+    EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, check_format, select_device,
+)
 
 
 @app.command()
@@ -41,8 +43,7 @@ def repro(
     """
     from kda_cli.commands.replay import parse_tolerances
 
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    check_format(format)
     if determinism == 1 or determinism < 0:
         raise CommandError(f"--determinism {determinism}: expected 0 (off) or at least 2 runs", EXIT_BAD_INPUT)
     if max_checks < 1:
@@ -54,24 +55,19 @@ def repro(
 
     from traces.bundle import BundleError, write_bundle
     from traces.determinism import check_determinism
-    from traces.impl import ImplError, load_impl
+    from traces.impl import load_impl
     from traces.io import read_trace
     from traces.schema import TraceError
     from traces.shrink import shrink
     from traces.tape import Tape
 
-    try:
+    with bad_input():
         module, reference = load_impl(impl), load_impl(oracle)
-    except ImplError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
-    try:
         with read_trace(trace) as opened:
             tape = Tape.load(opened)
         runs = check_determinism(tape, module, determinism, device) if determinism else None
         result = shrink(trace, module, reference, device=device, tolerances=tolerances, max_checks=max_checks,
                         progress=lambda line: print(line, file=sys.stderr))
-    except TraceError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     summary = {"trace": str(trace), "impl": impl, "device": device, "events": len(tape.steps),
                "determinism": runs.to_json() if runs else None}
     if result is None:

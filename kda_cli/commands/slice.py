@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, select_device
+from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, bad_input, check_format, select_device
 
 
 @app.command("slice")
@@ -30,30 +30,23 @@ def slice_trace(
     """
     from kda_cli.commands.replay import parse_range
 
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    check_format(format)
     if out.exists() and out.resolve() == trace.resolve():
         raise CommandError(f"--out {out}: would overwrite the input trace", EXIT_BAD_INPUT)
     device = select_device()
-    from traces.impl import ImplError, load_impl
+    from traces.impl import load_impl
     from traces.io import read_trace
-    from traces.schema import TraceError
     from traces.slice import cut_events
     from traces.tape import Tape
 
-    try:
+    with bad_input():
         module = load_impl(oracle)
-    except ImplError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
-    try:
         with read_trace(trace) as opened:
             start, stop = parse_range(events, len(opened.events))
             tape = Tape.load(opened)
         cut = cut_events(tape, start, stop, module, device)
         cut.provenance = {**cut.provenance, "sliced_from": str(trace), "sliced_events": f"{start}:{stop}"}
         cut.write(out)
-    except TraceError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     summary = {"path": str(out), "source": str(trace), "events": [start, stop], "count": stop - start,
                "final_buffers": bool(cut.final), "file_bytes": out.stat().st_size}
     if format == "json":

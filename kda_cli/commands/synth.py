@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, select_device
+from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, check_format, select_device
 
 
 @app.command()
@@ -31,8 +31,7 @@ def synth(
     format: str = typer.Option("human", "--format", help="human or json."),
 ) -> None:
     """Simulate a scheduler and write its events, with float64-reference expected results."""
-    if format not in ("human", "json"):
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
+    check_format(format)
     select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
     from traces.synth import SynthConfig, synthesize
 

@@ -7,11 +7,13 @@ import json
 import typer
 
 from kda_cli.app import app
+from kda_cli.runtime import check_format
 
 
 @app.command()
-def version(format: str = typer.Option("human", "--format", help="human or json")) -> None:
+def version(format: str = typer.Option("human", "--format", help="human or json.")) -> None:
     """Print kda, torch and triton versions and the device in use."""
+    check_format(format)
     from traces.provenance import environment
 
     env = environment()
