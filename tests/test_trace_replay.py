@@ -190,11 +190,11 @@ def test_shipped_sample_is_small_k3_shaped_and_passes(capsys, monkeypatch):
     from importlib.resources import files
 
     sample = files("traces") / "samples" / "k3-tp8-sample.safetensors"
-    assert sample.is_file() and sample.stat().st_size < 8 * 2**20
+    assert sample.is_file() and sample.stat().st_size < 5 * 2**20
+    manifest, _ = load_raw(sample)
     code, report, err = _replay_json([], capsys, monkeypatch)
     assert code == 0 and report["passed"] and report["impl"] == "triton", err
-    assert report["final"] and len(report["events"]) == 8
-    manifest, _ = load_raw(sample)
+    assert report["final"] and len(report["events"]) == len(manifest["events"]) >= 10
     with safe_open(str(sample), "pt") as f:
         assert CHECKSUM_KEY in f.metadata()  # written by the current writer: read checked
     assert manifest["dims"] == {"H": 12, "K": 128, "V": 128, "T": 8} and manifest["lower_bound"] == -5.0
