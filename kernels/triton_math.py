@@ -3,7 +3,7 @@
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
 these formulas out itself. Window tiles are ``[BT, BK]``: one row per token, one column
-per key channel. All arithmetic is float32.
+per key channel; a single token is a ``[1, BK]`` row. All arithmetic is float32.
 """
 
 import triton
@@ -33,9 +33,10 @@ def l2_normalize_rows(x):
 
 @triton.jit
 def window_keys_and_gates(k_raw, g_raw, live, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """Normalised keys and log decays of a window tile; rows where ``live`` is false are 0.
+    """Normalised keys and log decays of token rows; rows where ``live`` is false are 0.
 
-    ``k_raw``, ``g_raw``: ``[BT, BK]`` in any float dtype; ``live``: ``[BT, 1]`` or ``[BT, BK]``.
+    ``k_raw``, ``g_raw``: ``[M, BK]`` in any float dtype (one token a row); ``dt_bias``:
+    ``[BK]``; ``live``: a scalar or ``[M, 1]``.
     """
     key = tl.where(live, l2_normalize_rows(k_raw.to(tl.float32)), 0.0)
     g = tl.where(live, kda_log_decay(g_raw.to(tl.float32), dt_bias[None, :], A, lower_bound, HAS_LOWER_BOUND), 0.0)
