@@ -67,6 +67,12 @@ def main() -> None:
     except typer.Abort:
         _print_error("aborted")
         sys.exit(EXIT_RUNTIME)
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        # a path the user named cannot be read or written: bad input, not a runtime failure
+        if debug:
+            traceback.print_exc()
+        _print_error(f"cannot use {exc.filename or exc}: {exc.strerror or type(exc).__name__}")
+        sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:  # usage errors (click's, vendored by typer) and anything unexpected
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as usage

@@ -59,3 +59,14 @@ def test_help_imports_neither_torch_nor_triton():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_unwritable_output_path_is_bad_input(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out = blocker / "t.safetensors"
+    code, stdout, err = run_kda(["synth", str(out), "--preset", "tiny"], capsys, monkeypatch)
+    assert code == 2 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "a-file" in lines[0]
+    assert "Traceback" not in err and blocker.read_text() == "not a folder"
