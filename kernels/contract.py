@@ -74,12 +74,7 @@ def check_verify_args(
                  f"heads must be contiguous (stride()[2:] == ({inner}, 1)), got {tuple(t.stride()[2:])}")
     _require(total == 0 or raw_beta.stride(2) == 1, "raw_beta", "expected stride(2) == 1")
 
-    _require(isinstance(A_log, torch.Tensor) and A_log.dtype == torch.float32, "A_log", "expected a float32 tensor")
-    _require(A_log.numel() == heads and A_log.dim() == 1 and A_log.is_contiguous(), "A_log",
-             f"expected a contiguous [{heads}] tensor, got shape {tuple(A_log.shape)}")
-    _require(isinstance(dt_bias, torch.Tensor) and dt_bias.dtype == torch.float32, "dt_bias", "expected a float32 tensor")
-    _require(dt_bias.numel() == heads * kdim and dt_bias.is_contiguous(), "dt_bias",
-             f"expected {heads * kdim} contiguous elements, got shape {tuple(dt_bias.shape)}")
+    check_gate_params(A_log, dt_bias, heads, kdim)
 
     _require(isinstance(spec_query_len, int) and spec_query_len >= 1, "spec_query_len",
              f"expected a positive int, got {spec_query_len!r}")
@@ -114,6 +109,16 @@ def check_verify_args(
         named.append(("record_indices", record_indices))
     check_same_device(named)
     return VerifyDims(batch, total, heads, kdim, vdim, T, slots, rows)
+
+
+def check_gate_params(A_log, dt_bias, heads: int, kdim: int) -> None:
+    """Check the gate parameters: ``A_log`` float32 ``[H]``, ``dt_bias`` float32 ``H*K`` elements."""
+    _require(isinstance(A_log, torch.Tensor) and A_log.dtype == torch.float32, "A_log", "expected a float32 tensor")
+    _require(A_log.numel() == heads and A_log.dim() == 1 and A_log.is_contiguous(), "A_log",
+             f"expected a contiguous [{heads}] tensor, got shape {tuple(A_log.shape)}")
+    _require(isinstance(dt_bias, torch.Tensor) and dt_bias.dtype == torch.float32, "dt_bias", "expected a float32 tensor")
+    _require(dt_bias.numel() == heads * kdim and dt_bias.is_contiguous(), "dt_bias",
+             f"expected {heads * kdim} contiguous elements, got shape {tuple(dt_bias.shape)}")
 
 
 def check_state_pool(checkpoint_state, heads: int | None, kdim: int | None, vdim: int | None) -> int:
@@ -163,11 +168,7 @@ def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, 
     check_state_pool(checkpoint_state, None, None, None)
     _, heads, vdim, kdim = checkpoint_state.shape
     check_records(records, heads, records.spec_query_len, kdim, vdim, None)
-    _require(isinstance(A_log, torch.Tensor) and A_log.dtype == torch.float32 and A_log.numel() == heads
-             and A_log.is_contiguous(), "A_log", f"expected a contiguous float32 [{heads}] tensor")
-    _require(isinstance(dt_bias, torch.Tensor) and dt_bias.dtype == torch.float32
-             and dt_bias.numel() == heads * kdim and dt_bias.is_contiguous(), "dt_bias",
-             f"expected {heads * kdim} contiguous float32 elements")
+    check_gate_params(A_log, dt_bias, heads, kdim)
     _check_index("state_indices", state_indices, None, allow_strided=True)
     batch = state_indices.shape[0]
     check_plan(plan, batch)
