@@ -301,25 +301,29 @@ class Recorder:
             self._lower_bound = lower_bound
         pool = self._bound.get("checkpoint_state")
         if pool is not None and slots is not None:
-            wanted = range(pool.shape[0]) if self.snapshot == "all" else _ints(slots, NULL_ID + 1, pool.shape[0])
-            new = sorted(set(wanted) - self._seen_slots)
+            new = self._first_sight(self._seen_slots, slots, NULL_ID + 1, pool.shape[0])
             if new:
-                self._seen_slots.update(new)
                 index = torch.tensor(new, dtype=torch.int64)
                 out["snap.slots"] = index
                 out["snap.states"] = _cpu(pool[index.to(pool.device)])
         corr = self._bound.get("records.correction")
         if corr is not None and rows is not None:
-            wanted = range(corr.shape[0]) if self.snapshot == "all" else _ints(rows, 0, corr.shape[0])
-            new = sorted(set(wanted) - self._seen_rows)
+            new = self._first_sight(self._seen_rows, rows, 0, corr.shape[0])
             if new:
-                self._seen_rows.update(new)
                 index = torch.tensor(new, dtype=torch.int64)
                 out["snap.rows"] = index
                 out["snap.records.correction"] = _cpu(corr[index.to(corr.device)])
                 kg = self._bound["records.key_gate"]
                 out["snap.records.key_gate"] = _cpu(kg[index.to(kg.device)])
         return out
+
+    def _first_sight(self, seen: set[int], indices, low: int, size: int) -> list[int]:
+        """Indices in ``[low, size)`` this call touches (every one, with snapshot ``all``) that
+        no earlier event did; they are marked seen."""
+        wanted = range(size) if self.snapshot == "all" else _ints(indices, low, size)
+        new = sorted(set(wanted) - seen)
+        seen.update(new)
+        return new
 
     def _context(self) -> dict[str, Any]:
         """What the manifest needs, as far as known now (each shard carries it)."""
