@@ -1,12 +1,16 @@
 """RecoverSSM commit: fold recorded tokens into checkpoint slots (docs: sections 3 and 6).
 
-One program owns one (V-tile, row, head). It reads the row's source slot once, applies
-the first ``n = commit_lens[b]`` records forwards with the shared recurrence step,
+One program owns one (V-tile, row, head). Folding the first ``n`` records is one product:
+with ``g`` the log decays and ``k^`` the normalised keys rebuilt from the raw records, and
+``U [V, T]`` the recorded corrections,
 
-    S <- S * a_t + u_t (x) k^_t          a_t, k^_t rebuilt from the raw key and gate records
+    S_n = S_0 * exp(sum_{t<n} g_t) + U F_n,   F_n[t] = exp(sum_{t<j<n} g_j) k^_t  (t < n, else 0)
 
-writes the boundary slot after ``boundary_recovery_lens[b]`` of them and the final slot at
-the end. Records past ``n`` are masked out before they touch the state, so NaN there is inert.
+Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate. Each
+column of ``F`` depends on its key channel alone (after the key norms), so the program walks
+the state in blocks of key channels, building that block of ``F`` beside the state block.
+The boundary slot, after ``boundary_recovery_lens[b]`` records, is the same fold with its
+own ``F``. Records past ``n`` are masked out before they are read, so NaN there is inert.
 """
 
 from __future__ import annotations
@@ -16,8 +20,19 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
-from kernels.launch import commit_config
-from kernels.triton_math import recurrence_step, window_keys_and_gates
+from kernels.launch import DOT_PRECISION, commit_config
+from kernels.triton_math import inverse_norm, sum_of_squares, window_keys_and_gates
+
+
+@triton.jit
+def _fold_operand(g, key, count, offs_t):
+    """``(exp(sum_{t<count} g_t) [BKK], F [BT, BKK])`` for folding the first ``count`` tokens."""
+    first = (offs_t < count)[:, None]
+    g = tl.where(first, g, 0.0)
+    total = tl.sum(g, axis=0)
+    # sum_{t<j<count} g_j = total - (inclusive cumulative sum up to t)
+    F = tl.where(first, tl.exp(total[None, :] - tl.cumsum(g, axis=0)) * key, 0.0)
+    return tl.exp(total), F
 
 
 @triton.jit
@@ -27,14 +42,14 @@ def _commit_kernel(
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
 
-    n = tl.load(commit_lens_ptr + b)
+    n = tl.minimum(tl.load(commit_lens_ptr + b), T)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
@@ -45,29 +60,45 @@ def _commit_kernel(
         rec = b.to(tl.int64)
 
     if (n > 0) & (source > null_block_id) & (rec >= 0):
+        offs_t = tl.arange(0, BT)
         offs_v = pid_v * BV + tl.arange(0, BV)
-        offs_k = tl.arange(0, BK)
         mask_v = offs_v < V
-        mask_k = offs_k < K
-        mask_vk = mask_v[:, None] & mask_k[None, :]
-        tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
-        S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
-
+        live = offs_t < n
+        first = (rec * H + h) * T
+        kg_rows = key_gate_ptr + (first + offs_t[:, None]) * (2 * K)
+        key_sq = tl.zeros((BT,), tl.float32)
+        for k0 in tl.static_range(0, BK, BKK):
+            offs_k = k0 + tl.arange(0, BKK)
+            key_sq += sum_of_squares(tl.load(kg_rows + offs_k[None, :],
+                                             mask=live[:, None] & (offs_k < K)[None, :], other=0.0))
+        key_scale = inverse_norm(key_sq)[:, None]
+        U = tl.load(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None],
+                    mask=mask_v[:, None] & live[None, :], other=0.0)
         A_h = tl.exp(tl.load(A_log_ptr + h))
-        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
-        for t in tl.static_range(T):
-            live = t < n
-            base = (rec * H + h) * T + t
-            kg_ptrs = key_gate_ptr + base * (2 * K) + offs_k[None, :]
-            k_raw = tl.load(kg_ptrs, mask=mask_k[None, :], other=0.0)
-            g_raw = tl.load(kg_ptrs + K, mask=mask_k[None, :], other=0.0)
-            u = tl.where(live, tl.load(correction_ptr + base * V + offs_v, mask=mask_v, other=0.0), 0.0)
-            key, g = window_keys_and_gates(k_raw, g_raw, live, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
-            S = recurrence_step(S, tl.exp(g), key, u[:, None])
-            if (boundary > null_block_id) & (recovery == t + 1) & live:
-                tl.store(state_ptr + boundary * (H * V * K) + tile, S.to(state_ptr.dtype.element_ty), mask=mask_vk)
-        if final > null_block_id:
-            tl.store(state_ptr + final * (H * V * K) + tile, S.to(state_ptr.dtype.element_ty), mask=mask_vk)
+        with_boundary = (boundary > null_block_id) & (recovery > 0) & (recovery <= n)
+        rows = (h * V + offs_v[:, None]) * K
+        source_rows = state_ptr + source * (H * V * K) + rows
+        for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
+            offs_k = k0 + tl.arange(0, BKK)
+            mask_k = offs_k < K
+            mask_tk = live[:, None] & mask_k[None, :]
+            mask_vk = mask_v[:, None] & mask_k[None, :]
+            S = tl.load(source_rows + offs_k[None, :], mask=mask_vk, other=0.0).to(tl.float32)
+            k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+            g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
+            dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+            key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A_h, lower_bound,
+                                           HAS_LOWER_BOUND)
+            if with_boundary:
+                decay_r, fold_r = _fold_operand(g, key, recovery, offs_t)
+                S_r = S * decay_r[None, :] + tl.dot(U, fold_r, input_precision=DOT_PRECISION)
+                tl.store(state_ptr + boundary * (H * V * K) + rows + offs_k[None, :],
+                         S_r.to(state_ptr.dtype.element_ty), mask=mask_vk)
+            if final > null_block_id:
+                decay_n, fold_n = _fold_operand(g, key, n, offs_t)
+                S_n = S * decay_n[None, :] + tl.dot(U, fold_n, input_precision=DOT_PRECISION)
+                tl.store(state_ptr + final * (H * V * K) + rows + offs_k[None, :],
+                         S_n.to(state_ptr.dtype.element_ty), mask=mask_vk)
 
 
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
@@ -89,7 +120,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         state_indices, record_indices,
         plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens,
         state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, V=V, T=T, BK=cfg.block_k, BV=cfg.block_v,
+        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BT=cfg.block_t, STAGES=cfg.stages,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        num_warps=cfg.num_warps, num_stages=1,
+        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
     )

@@ -20,28 +20,59 @@ _FACTORED_LOG_RANGE = 80.0
 
 
 @dataclass(frozen=True)
-class TileConfig:
-    """``block_*``: tile sizes; ``chunks_v``: V-tiles one program walks through in turn, so
-    that work independent of V (keys, gates, the T x T solve) is done once per chunk group."""
+class VerifyConfig:
+    """Tiles of the two verify kernels. ``block_m``: columns of the stacked window operand
+    ``[W; P]`` (>= 2T); ``window_block_k``, ``state_block_k``: key channels per step of
+    the key-side and the state kernel; ``stages``: loads in flight in the state kernel."""
 
     block_k: int
     block_v: int
     block_t: int
+    block_m: int
+    window_block_k: int
+    state_block_k: int
+    stages: int
     num_warps: int
-    chunks_v: int = 1
+    window_warps: int
 
 
-def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
+@dataclass(frozen=True)
+class CommitConfig:
+    """``block_kk``: state columns (key channels) per step; ``stages``: loads in flight."""
+
+    block_k: int
+    block_v: int
+    block_t: int
+    block_kk: int
+    stages: int
+    num_warps: int
+
+
+def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> VerifyConfig:
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
-    block_t = max(_DOT_MIN, triton.next_power_of_2(spec_query_len))
-    block_v = max(_DOT_MIN, min(64, triton.next_power_of_2(head_v_dim)))
-    chunks_v = min(2, triton.cdiv(head_v_dim, block_v))
-    return TileConfig(block_k, block_v, block_t, num_warps=4, chunks_v=chunks_v)
+    return VerifyConfig(
+        block_k=block_k,
+        block_v=max(_DOT_MIN, min(64, triton.next_power_of_2(head_v_dim))),
+        block_t=max(_DOT_MIN, triton.next_power_of_2(spec_query_len)),
+        block_m=max(_DOT_MIN, triton.next_power_of_2(2 * spec_query_len)),
+        window_block_k=min(32, block_k),
+        state_block_k=min(32, block_k),
+        stages=3,
+        num_warps=2,
+        window_warps=1,
+    )
 
 
-def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> TileConfig:
-    block_v = min(16, triton.next_power_of_2(head_v_dim))
-    return TileConfig(triton.next_power_of_2(head_k_dim), block_v, spec_query_len, num_warps=1)
+def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> CommitConfig:
+    block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
+    return CommitConfig(
+        block_k=block_k,
+        block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
+        block_t=max(_DOT_MIN, triton.next_power_of_2(spec_query_len)),
+        block_kk=min(32, block_k),
+        stages=3,
+        num_warps=1,
+    )
 
 
 def factored_window(lower_bound: float | None, spec_query_len: int) -> bool:

@@ -2,8 +2,9 @@
 
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
-these formulas out itself. Window tiles are ``[BT, BK]``: one row per token, one column
-per key channel; a single token is a ``[1, BK]`` row. All arithmetic is float32.
+these formulas out itself. Kernels walk the key channels in column blocks: window tiles are
+``[BT, BKK]``, one row per token and one column per key channel of the block; the norm of
+a token's key is summed over all blocks first (``sum_of_squares``). All arithmetic is float32.
 """
 
 import triton
@@ -15,7 +16,7 @@ NORM_EPS = tl.constexpr(1e-6)
 
 @triton.jit
 def kda_log_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """Log decay ``g`` (<= 0 for the gates KDA uses) of raw gates ``[..., BK]``; ``dt_bias [BK]``."""
+    """Log decay ``g`` (<= 0 for the gates KDA uses) of raw gates ``[..., BKK]``; ``dt_bias [BKK]``."""
     x = raw_g + dt_bias
     if HAS_LOWER_BOUND:
         g = lower_bound * tl.sigmoid(A * x)
@@ -26,27 +27,37 @@ def kda_log_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr)
 
 
 @triton.jit
-def l2_normalize_rows(x):
-    """``x * rsqrt(sum(x^2) + eps)`` for each row of ``[BT, BK]`` (masked lanes must hold 0)."""
-    return x * tl.rsqrt(tl.sum(x * x, axis=1) + NORM_EPS)[:, None]
+def sum_of_squares(x):
+    """``sum(x^2)`` of each row of a ``[BT, BKK]`` block in float32 (masked lanes must hold 0)."""
+    x = x.to(tl.float32)
+    return tl.sum(x * x, axis=1)
 
 
 @triton.jit
-def window_keys_and_gates(k_raw, g_raw, live, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """Normalised keys and log decays of token rows; rows where ``live`` is false are 0.
+def inverse_norm(row_sum_of_squares):
+    """``rsqrt(sum(x^2) + eps)``: the factor that L2-normalises a row (docs: section 2)."""
+    return tl.rsqrt(row_sum_of_squares + NORM_EPS)
 
-    ``k_raw``, ``g_raw``: ``[M, BK]`` in any float dtype (one token a row); ``dt_bias``:
-    ``[BK]``; ``live``: a scalar or ``[M, 1]``.
+
+@triton.jit
+def window_keys_and_gates(k_raw, g_raw, key_inverse_norm, live, dt_bias, A, lower_bound,
+                          HAS_LOWER_BOUND: tl.constexpr):
+    """Normalised keys and log decays of one column block of token rows; rows where
+    ``live`` is false are 0.
+
+    ``k_raw``, ``g_raw``: ``[M, BKK]`` in any float dtype (one token a row);
+    ``key_inverse_norm``: ``[M, 1]`` from ``inverse_norm`` over the whole key; ``dt_bias``:
+    ``[BKK]``; ``live``: a scalar or ``[M, 1]``.
     """
-    key = tl.where(live, l2_normalize_rows(k_raw.to(tl.float32)), 0.0)
+    key = tl.where(live, k_raw.to(tl.float32) * key_inverse_norm, 0.0)
     g = tl.where(live, kda_log_decay(g_raw.to(tl.float32), dt_bias[None, :], A, lower_bound, HAS_LOWER_BOUND), 0.0)
     return key, g
 
 
 @triton.jit
 def recurrence_step(S, decay, key, correction):
-    """One gated delta-rule update of ``S [BV, BK]``: ``S * decay + correction * key``, with
-    ``decay`` and ``key`` rows ``[1, BK]`` and ``correction`` a column ``[BV, 1]``."""
+    """One gated delta-rule update of ``S [BV, BKK]``: ``S * decay + correction * key``, with
+    ``decay`` and ``key`` rows ``[1, BKK]`` and ``correction`` a column ``[BV, 1]``."""
     return S * decay + correction * key
 
 

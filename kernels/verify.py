@@ -1,19 +1,28 @@
 """RecoverSSM verify: a speculative window run from a read-only checkpoint.
 
-One program owns one (V-tile, row, head). It never steps the state token by token; the
-window is computed in the matrix form of docs section 3b from one read of the state.
-With ``G`` the cumulative log decay over the window and ``k^``, ``q^`` the normalised keys
-and queries (``[T, K]`` tiles):
+The window is computed in the matrix form of docs section 3b from one read of the state,
+in two kernels. With ``G`` the cumulative log decay over the window and ``k^``, ``q^`` the
+normalised keys and queries (``[T, K]`` tiles):
 
     W = exp(G) * k^,  P = exp(G) * q^
     A = strict_lower(W (exp(-G) * k^)^T),  C = lower(P (exp(-G) * k^)^T)       T x T
     U = b * (V - S_0 W^T) (I + diag(b) A)^-T                                   [BV, T]
     O = S_0 P^T + U C^T                                                        [BV, T]
 
+1. ``_window_kernel``, one program per (row, head), does everything that does not touch
+   the state: it writes the row's key records, the stacked operand ``[W; P]`` and the
+   ``2T x 2T`` mixing matrix ``M = [[L, L C^T], [0, I]]`` with ``L = diag(b) (I + diag(b) A)^-T``.
+2. ``_state_kernel``, one program per (V-tile, row, head), reads its state tile once:
+   ``Y = S_0 [W; P]^T`` and ``[U | O] = [V - S_0 W^T | S_0 P^T] M``, two products.
+
+Both walk the key channels in blocks (the state kernel as a pipelined loop of products),
+so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many
+programs run per SM with their state reads overlapping.
+
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
 is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
 built one token at a time with the shared recurrence step, where every factor is <= 1.
-The state is touched by two small matrix products in float32 (split-precision tf32).
+Products with the state are float32 (split-precision tf32).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
 from kernels.contract import check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
-from kernels.triton_math import l2_normalize_rows, recurrence_step, tile_row, window_keys_and_gates
+from kernels.triton_math import inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates
 
 
 @triton.jit
@@ -59,17 +68,112 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _verify_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    state_ptr, correction_ptr, key_gate_ptr, out_ptr,
+def _window_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
+    key_gate_ptr, operand_ptr, mix_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
-    stride_q_tok, stride_k_tok, stride_v_tok, stride_g_tok, stride_beta_tok, stride_out_tok,
-    stride_state_indices, null_block_id,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, CHUNKS: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
+    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
+    BT: tl.constexpr, BM: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Per (row, head): key records, ``operand [BM, K]`` rows ``W`` then ``P``, ``mix [BM, BM]``.
+
+    Walks the key channels in blocks of ``BKK``: once for the key and query norms, once
+    for everything else (``A`` and ``C`` are sums over the channels).
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+
+    start = tl.load(query_start_loc_ptr + b)
+    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
+    slot = tl.load(state_indices_ptr + b * stride_state_indices)
+    if (length > 0) & (slot > null_block_id):
+        if HAS_RECORD_INDICES:
+            rec = tl.load(record_indices_ptr + b).to(tl.int64)
+        else:
+            rec = b.to(tl.int64)
+        offs_t = tl.arange(0, BT)
+        live = offs_t < length
+        tok = start + offs_t[:, None]
+        k_rows = k_ptr + tok * stride_k_tok + h * K
+        q_rows = q_ptr + tok * stride_q_tok + h * K
+        g_rows = g_ptr + tok * stride_g_tok + h * K
+        kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+        pair = (b * H + h).to(tl.int64)
+        w_rows = operand_ptr + (pair * BM + offs_t[:, None]) * K
+        p_rows = w_rows + T * K
+        in_window = (offs_t < T)[:, None]
+
+        key_sq = tl.zeros((BT,), tl.float32)
+        query_sq = tl.zeros((BT,), tl.float32)
+        for k0 in tl.static_range(0, BK, BKK):
+            offs_k = k0 + tl.arange(0, BKK)
+            mask_tk = live[:, None] & (offs_k < K)[None, :]
+            key_sq += sum_of_squares(tl.load(k_rows + offs_k[None, :], mask=mask_tk, other=0.0))
+            query_sq += sum_of_squares(tl.load(q_rows + offs_k[None, :], mask=mask_tk, other=0.0))
+        key_scale = inverse_norm(key_sq)[:, None]
+        query_scale = inverse_norm(query_sq)[:, None] * (K ** -0.5)
+
+        A_h = tl.exp(tl.load(A_log_ptr + h))
+        A = tl.zeros((BT, BT), tl.float32)
+        C = tl.zeros((BT, BT), tl.float32)
+        for k0 in tl.static_range(0, BK, BKK):
+            offs_k = k0 + tl.arange(0, BKK)
+            mask_k = offs_k < K
+            mask_tk = live[:, None] & mask_k[None, :]
+            k_raw = tl.load(k_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+            g_raw = tl.load(g_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+            q_raw = tl.load(q_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+            if rec >= 0:
+                tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
+                tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
+            dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+            key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A_h, lower_bound,
+                                           HAS_LOWER_BOUND)
+            query = tl.where(live[:, None], q_raw.to(tl.float32) * query_scale, 0.0)
+            G = tl.cumsum(g, axis=0)
+            W = tl.exp(G) * key
+            P = tl.exp(G) * query
+            if FACTORED:
+                growth = tl.exp(-G) * key
+                A += tl.dot(W, tl.trans(growth), input_precision=DOT_PRECISION)
+                C += tl.dot(P, tl.trans(growth), input_precision=DOT_PRECISION)
+            else:
+                A_block, C_block = _stepwise_window_products(g, key, query, T, BT)
+                A += A_block
+                C += C_block
+            tl.store(w_rows + offs_k[None, :], W, mask=in_window & mask_k[None, :])
+            tl.store(p_rows + offs_k[None, :], P, mask=in_window & mask_k[None, :])
+
+        rows = offs_t[:, None]
+        cols = offs_t[None, :]
+        beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=live,
+                                  other=0.0).to(tl.float32))
+        A = tl.where(cols < rows, A, 0.0)
+        C = tl.where(cols <= rows, C, 0.0)
+        L = beta[:, None] * tl.trans(_unit_lower_inverse(A, beta, T, BT))
+        LC = tl.dot(L, tl.trans(C), input_precision=DOT_PRECISION)
+        block = in_window & (offs_t < T)[None, :]
+        mix = mix_ptr + (pair * BM + rows) * BM + cols
+        tl.store(mix, L, mask=block)
+        tl.store(mix + T, LC, mask=block)
+        tl.store(mix + T * BM, tl.zeros((BT, BT), tl.float32), mask=block)
+        tl.store(mix + T * BM + T, (rows == cols).to(tl.float32), mask=block)
+
+
+@triton.jit
+def _state_kernel(
+    v_ptr, state_ptr, operand_ptr, mix_ptr, correction_ptr, out_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
+    stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
+    HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
+    tiles is token ``c``'s correction for ``c < T`` and token ``c - T``'s output after.
+    ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined."""
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -77,71 +181,41 @@ def _verify_kernel(
     start = tl.load(query_start_loc_ptr + b)
     length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
     slot = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
-    if HAS_RECORD_INDICES:
-        rec = tl.load(record_indices_ptr + b).to(tl.int64)
-    else:
-        rec = b.to(tl.int64)
 
-    offs_k = tl.arange(0, BK)
-    offs_t = tl.arange(0, BT)
-    mask_k = offs_k < K
-    live = offs_t < length
-
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    offs_c = tl.arange(0, BM)
+    mask_v = offs_v[:, None] < V
+    is_correction = (offs_c < T)[None, :]
+    is_output = ((offs_c >= T) & (offs_c < T + length))[None, :]
+    out_ptrs = out_ptr + (start + offs_c[None, :] - T) * stride_out_tok + h * V + offs_v[:, None]
     if length > 0:
         if slot > null_block_id:
-            mask_tk = live[:, None] & mask_k[None, :]
-            tok = start + offs_t[:, None]
-            k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
-            g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
-            q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k[None, :], mask=mask_tk, other=0.0)
-            beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=live,
-                                      other=0.0).to(tl.float32))
-            A_h = tl.exp(tl.load(A_log_ptr + h))
-            dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
-
-            key, g = window_keys_and_gates(k_raw, g_raw, live[:, None], dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
-            query = tl.where(live[:, None], l2_normalize_rows(q_raw.to(tl.float32)), 0.0) * (K ** -0.5)
-            G = tl.cumsum(g, axis=0)
-            W = tl.exp(G) * key
-            P = tl.exp(G) * query
-            if FACTORED:
-                rows = offs_t[:, None]
-                cols = offs_t[None, :]
-                growth = tl.exp(-G) * key
-                A = tl.where(cols < rows, tl.dot(W, tl.trans(growth), input_precision=DOT_PRECISION), 0.0)
-                C = tl.where(cols <= rows, tl.dot(P, tl.trans(growth), input_precision=DOT_PRECISION), 0.0)
+            pair = (b * H + h).to(tl.int64)
+            state_rows = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K
+            operand_cols = operand_ptr + (pair * BM + offs_c[None, :]) * K
+            Y = tl.zeros((BV, BM), tl.float32)
+            for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
+                offs_k = k0 + tl.arange(0, BKK)
+                S = tl.load(state_rows + offs_k[None, :], mask=mask_v & (offs_k < K)[None, :], other=0.0)
+                operand = tl.load(operand_cols + offs_k[:, None],
+                                  mask=(offs_k < K)[:, None] & (offs_c < 2 * T)[None, :], other=0.0)
+                Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
+            mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :],
+                          mask=(offs_c < 2 * T)[:, None] & (offs_c < 2 * T)[None, :], other=0.0)
+            values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                             mask=mask_v & (offs_c < length)[None, :], other=0.0).to(tl.float32)
+            Z = tl.where(is_correction, values - Y, Y)
+            UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
+            tl.store(out_ptrs, UO.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+            if HAS_RECORD_INDICES:
+                rec = tl.load(record_indices_ptr + b).to(tl.int64)
             else:
-                A, C = _stepwise_window_products(g, key, query, T, BT)
-            inverse = _unit_lower_inverse(A, beta, T, BT)
-
-            if (pid_v == 0) & (rec >= 0):
-                kg_ptrs = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K) + offs_k[None, :]
-                tl.store(kg_ptrs, k_raw, mask=mask_tk)
-                tl.store(kg_ptrs + K, g_raw, mask=mask_tk)
-
-            for c in tl.static_range(CHUNKS):
-                offs_v = (pid_v * CHUNKS + c) * BV + tl.arange(0, BV)
-                mask_v = offs_v < V
-                mask_vt = mask_v[:, None] & live[None, :]
-                S = tl.load(state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :],
-                            mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-                values = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
-                                 mask=mask_vt, other=0.0).to(tl.float32)
-                SW = tl.dot(S, tl.trans(W), input_precision=DOT_PRECISION)
-                SP = tl.dot(S, tl.trans(P), input_precision=DOT_PRECISION)
-                U = tl.dot(beta[None, :] * (values - SW), tl.trans(inverse), input_precision=DOT_PRECISION)
-                O = SP + tl.dot(U, tl.trans(C), input_precision=DOT_PRECISION)
-                tl.store(out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None],
-                         O.to(out_ptr.dtype.element_ty), mask=mask_vt)
-                if rec >= 0:
-                    corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_t[None, :]) * V + offs_v[:, None]
-                    tl.store(corr_ptrs, U, mask=mask_vt)
+                rec = b.to(tl.int64)
+            if rec >= 0:
+                corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_c[None, :]) * V + offs_v[:, None]
+                tl.store(corr_ptrs, UO, mask=mask_v & is_correction & (offs_c < length)[None, :])
         else:
-            for c in tl.static_range(CHUNKS):
-                offs_v = (pid_v * CHUNKS + c) * BV + tl.arange(0, BV)
-                tl.store(out_ptr + (start + offs_t[None, :]) * stride_out_tok + h * V + offs_v[:, None],
-                         tl.zeros((BV, BT), tl.float32).to(out_ptr.dtype.element_ty),
-                         mask=(offs_v < V)[:, None] & live[None, :])
+            tl.store(out_ptrs, tl.zeros((BV, BM), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
 
 
 def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
@@ -159,18 +233,27 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
         out = torch.zeros_like(v)
     if d.total_tokens == 0 or d.batch == 0:
         return out
-    cfg = verify_config(d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len)
-    grid = (triton.cdiv(d.head_v_dim, cfg.block_v * cfg.chunks_v), d.batch, d.num_heads)
-    _verify_kernel[grid](
-        q, k, v, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        checkpoint_state, records.correction, records.key_gate, out,
+    B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
+    cfg = verify_config(B, H, K, V, T)
+    operand = torch.empty((B, H, cfg.block_m, K), dtype=torch.float32, device=v.device)
+    mix = torch.empty((B, H, cfg.block_m, cfg.block_m), dtype=torch.float32, device=v.device)
+    has_rec = record_indices is not None
+    _window_kernel[(B, H)](
+        q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
+        records.key_gate, operand, mix, query_start_loc, state_indices, record_indices,
+        q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
+        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t, BM=cfg.block_m,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
+        FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION,
+        num_warps=cfg.window_warps, num_stages=1,
+    )
+    _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
+        v, checkpoint_state, operand, mix, records.correction, out,
         query_start_loc, state_indices, record_indices,
-        q.stride(1), k.stride(1), v.stride(1), raw_g.stride(1), raw_beta.stride(1), out.stride(1),
-        state_indices.stride(0), NULL_BLOCK_ID,
-        H=d.num_heads, K=d.head_k_dim, V=d.head_v_dim, T=d.spec_query_len,
-        BK=cfg.block_k, BV=cfg.block_v, BT=cfg.block_t, CHUNKS=cfg.chunks_v,
-        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        FACTORED=factored_window(lower_bound, d.spec_query_len),
-        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
+        v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
+        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
+        STAGES=cfg.stages,
+        HAS_RECORD_INDICES=has_rec, DOT_PRECISION=DOT_PRECISION,
+        num_warps=cfg.num_warps, num_stages=1,
     )
     return out
