@@ -44,6 +44,8 @@ CONFIGS = [
     pytest.param(2, 128, 128, 8, torch.bfloat16, torch.float32, -5.0, True, False, id="k128-T8-bf16-lb"),
     pytest.param(2, 32, 48, 4, torch.bfloat16, torch.bfloat16, None, True, True, id="v48-T4-bf16state"),
     pytest.param(1, 16, 16, 1, torch.float32, torch.bfloat16, -5.0, False, False, id="k16-T1-bf16state"),
+    # key channels that do not fill the last column block, and an odd window
+    pytest.param(2, 48, 32, 3, torch.float32, torch.float32, -5.0, True, False, id="k48-T3-partial-block"),
 ]
 
 
