@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
 from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import inverse_norm, sum_of_squares, window_keys_and_gates
+from kernels.triton_math import inverse_norm, record_row, sum_of_squares, window_keys_and_gates
 
 
 @triton.jit
@@ -54,10 +54,7 @@ def _commit_kernel(
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
     recovery = tl.load(boundary_recovery_lens_ptr + b)
-    if HAS_RECORD_INDICES:
-        rec = tl.load(record_indices_ptr + b).to(tl.int64)
-    else:
-        rec = b.to(tl.int64)
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
 
     if (n > 0) & (source > null_block_id) & (rec >= 0):
         offs_t = tl.arange(0, BT)

@@ -15,15 +15,18 @@ DOT_PRECISION = "tf32x3"
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 
+_ONE_WAVE_WINDOW_PROGRAMS = 1024  # (row, head) pairs up to which the key side runs in about one wave
+
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
 
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Tiles of the two verify kernels. ``block_m``: columns of the stacked window operand
-    ``[W; P]`` (>= 2T); ``window_block_k``, ``state_block_k``: key channels per step of
-    the key-side and the state kernel; ``stages``: loads in flight in the state kernel."""
+    """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``block_m =
+    2 block_t``: rows of the stacked window operand ``[W; P]``; ``window_block_k``,
+    ``state_block_k``: key channels per step of the key-side and the state kernel;
+    ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program."""
 
     block_k: int
     block_v: int
@@ -50,16 +53,19 @@ class CommitConfig:
 
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> VerifyConfig:
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
+    block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
     return VerifyConfig(
         block_k=block_k,
         block_v=max(_DOT_MIN, min(64, triton.next_power_of_2(head_v_dim))),
-        block_t=max(_DOT_MIN, triton.next_power_of_2(spec_query_len)),
-        block_m=max(_DOT_MIN, triton.next_power_of_2(2 * spec_query_len)),
+        block_t=block_t,
+        block_m=2 * block_t,
         window_block_k=min(32, block_k),
         state_block_k=min(32, block_k),
         stages=3,
         num_warps=2,
-        window_warps=1,
+        # A key-side program is a serial chain; while every program fits in one wave, two
+        # warps shorten it, and past that one warp per program keeps more programs resident.
+        window_warps=2 if batch * heads <= _ONE_WAVE_WINDOW_PROGRAMS else 1,
     )
 
 

@@ -1,4 +1,5 @@
-"""The one implementation of KDA's per-token math in Triton; verify and commit both call it.
+"""The one implementation of KDA's per-token math in Triton; verify and commit both call it,
+along with the one record-row lookup.
 
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
@@ -65,3 +66,14 @@ def recurrence_step(S, decay, key, correction):
 def tile_row(x, rows, t):
     """Row ``t`` of a ``[BT, N]`` tile as an ``[N]`` vector; ``rows`` is ``arange(0, BT)``."""
     return tl.sum(tl.where(rows[:, None] == t, x, 0.0), axis=0)
+
+
+@triton.jit
+def record_row(record_indices_ptr, b, HAS_RECORD_INDICES: tl.constexpr):
+    """Record row (int64) of batch row ``b``: ``record_indices[b]``, or ``b`` itself when the
+    caller passes none. A negative row means the batch row has no records."""
+    if HAS_RECORD_INDICES:
+        rec = tl.load(record_indices_ptr + b).to(tl.int64)
+    else:
+        rec = b.to(tl.int64)
+    return rec

@@ -34,12 +34,15 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
 from kernels.contract import check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
-from kernels.triton_math import inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates
+from kernels.triton_math import (
+    inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
+)
 
 
 @triton.jit
 def _stepwise_window_products(g, key, query, T: tl.constexpr, BT: tl.constexpr):
-    """``A`` and ``C`` of a window by the recurrence ``Z_t = Z_{t-1} a_t + e_t k^_t``."""
+    """``A`` and ``C`` ``[BT, BT]`` of one column block by the recurrence
+    ``Z_t = Z_{t-1} a_t + e_t k^_t``; ``g``, ``key``, ``query``: ``[BT, BKK]``."""
     offs_t = tl.arange(0, BT)
     rows = offs_t[:, None]
     Z = tl.zeros(key.shape, tl.float32)
@@ -68,19 +71,33 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _stack(top, bottom, BT: tl.constexpr, N: tl.constexpr):
+    """``[top; bottom]`` as one ``[2 BT, N]`` tile; ``top``, ``bottom``: ``[BT, N]``."""
+    return tl.reshape(tl.permute(tl.join(top, bottom), (2, 0, 1)), (2 * BT, N))
+
+
+@triton.jit
+def _side_by_side(left, right, BT: tl.constexpr, N: tl.constexpr):
+    """``[left | right]`` as one ``[BT, 2 N]`` tile; ``left``, ``right``: ``[BT, N]``."""
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (BT, 2 * N))
+
+
+@triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     key_gate_ptr, operand_ptr, mix_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
-    BT: tl.constexpr, BM: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Per (row, head): key records, ``operand [BM, K]`` rows ``W`` then ``P``, ``mix [BM, BM]``.
+    """Per (row, head): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
+    ``BT`` rows, zero past the window) and ``mix [2 BT, 2 BT]``.
 
-    Walks the key channels in blocks of ``BKK``: once for the key and query norms, once
-    for everything else (``A`` and ``C`` are sums over the channels).
+    Walks the key channels in blocks of ``BKK``: once for the norms, once for everything
+    else (``A`` and ``C`` are sums over the channels). Gates and decays are ``[BT, BKK]``
+    tiles; keys and queries are built stacked so that ``[A; C]`` is one product.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -89,10 +106,7 @@ def _window_kernel(
     length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
     slot = tl.load(state_indices_ptr + b * stride_state_indices)
     if (length > 0) & (slot > null_block_id):
-        if HAS_RECORD_INDICES:
-            rec = tl.load(record_indices_ptr + b).to(tl.int64)
-        else:
-            rec = b.to(tl.int64)
+        rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
         offs_t = tl.arange(0, BT)
         live = offs_t < length
         tok = start + offs_t[:, None]
@@ -101,9 +115,8 @@ def _window_kernel(
         g_rows = g_ptr + tok * stride_g_tok + h * K
         kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
         pair = (b * H + h).to(tl.int64)
-        w_rows = operand_ptr + (pair * BM + offs_t[:, None]) * K
-        p_rows = w_rows + T * K
-        in_window = (offs_t < T)[:, None]
+        offs_m = tl.arange(0, 2 * BT)
+        operand_rows = operand_ptr + (pair * 2 * BT + offs_m[:, None]) * K
 
         key_sq = tl.zeros((BT,), tl.float32)
         query_sq = tl.zeros((BT,), tl.float32)
@@ -116,8 +129,11 @@ def _window_kernel(
         query_scale = inverse_norm(query_sq)[:, None] * (K ** -0.5)
 
         A_h = tl.exp(tl.load(A_log_ptr + h))
-        A = tl.zeros((BT, BT), tl.float32)
-        C = tl.zeros((BT, BT), tl.float32)
+        if FACTORED:
+            AC = tl.zeros((2 * BT, 2 * BT), tl.float32)
+        else:
+            A = tl.zeros((BT, BT), tl.float32)
+            C = tl.zeros((BT, BT), tl.float32)
         for k0 in tl.static_range(0, BK, BKK):
             offs_k = k0 + tl.arange(0, BKK)
             mask_k = offs_k < K
@@ -133,33 +149,35 @@ def _window_kernel(
                                            HAS_LOWER_BOUND)
             query = tl.where(live[:, None], q_raw.to(tl.float32) * query_scale, 0.0)
             G = tl.cumsum(g, axis=0)
-            W = tl.exp(G) * key
-            P = tl.exp(G) * query
+            WP = _stack(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
             if FACTORED:
-                growth = tl.exp(-G) * key
-                A += tl.dot(W, tl.trans(growth), input_precision=DOT_PRECISION)
-                C += tl.dot(P, tl.trans(growth), input_precision=DOT_PRECISION)
+                growth = _stack(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
+                AC += tl.dot(WP, tl.trans(growth), input_precision=DOT_PRECISION)
             else:
                 A_block, C_block = _stepwise_window_products(g, key, query, T, BT)
                 A += A_block
                 C += C_block
-            tl.store(w_rows + offs_k[None, :], W, mask=in_window & mask_k[None, :])
-            tl.store(p_rows + offs_k[None, :], P, mask=in_window & mask_k[None, :])
+            tl.store(operand_rows + offs_k[None, :], WP, mask=mask_k[None, :])
 
-        rows = offs_t[:, None]
-        cols = offs_t[None, :]
-        beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=live,
+        # M = [[L, L C^T], [0, I]] = L [I | C^T] plus the identity of the output rows, where
+        # L = diag(b) (I + diag(b) A)^-T; the [BT, BT] blocks live in a [2 BT, 2 BT] tile.
+        rows = offs_m[:, None]
+        cols = offs_m[None, :]
+        if FACTORED:
+            A = tl.where((cols < rows) & (rows < BT), AC, 0.0)
+            C_t = tl.trans(tl.where((rows >= BT) & (cols <= rows - BT), AC, 0.0))
+        else:
+            empty = tl.zeros((BT, BT), tl.float32)
+            A = _stack(_side_by_side(A, empty, BT, BT), _side_by_side(empty, empty, BT, BT), BT, 2 * BT)
+            C_t = _stack(_side_by_side(empty, tl.trans(C), BT, BT), _side_by_side(empty, empty, BT, BT), BT, 2 * BT)
+        live_m = (offs_m < length)
+        beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_m) * stride_beta_tok + h, mask=live_m,
                                   other=0.0).to(tl.float32))
-        A = tl.where(cols < rows, A, 0.0)
-        C = tl.where(cols <= rows, C, 0.0)
-        L = beta[:, None] * tl.trans(_unit_lower_inverse(A, beta, T, BT))
-        LC = tl.dot(L, tl.trans(C), input_precision=DOT_PRECISION)
-        block = in_window & (offs_t < T)[None, :]
-        mix = mix_ptr + (pair * BM + rows) * BM + cols
-        tl.store(mix, L, mask=block)
-        tl.store(mix + T, LC, mask=block)
-        tl.store(mix + T * BM, tl.zeros((BT, BT), tl.float32), mask=block)
-        tl.store(mix + T * BM + T, (rows == cols).to(tl.float32), mask=block)
+        beta = tl.where(live_m, beta, 0.0)
+        L = beta[:, None] * tl.trans(_unit_lower_inverse(A, beta, T, 2 * BT))
+        expand = tl.where(cols < BT, (rows == cols).to(tl.float32), C_t)
+        mix = tl.dot(L, expand, input_precision=DOT_PRECISION) + ((rows >= BT) & (rows == cols)).to(tl.float32)
+        tl.store(mix_ptr + (pair * 2 * BT + rows) * 2 * BT + cols, mix)
 
 
 @triton.jit
@@ -172,7 +190,7 @@ def _state_kernel(
     HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
-    tiles is token ``c``'s correction for ``c < T`` and token ``c - T``'s output after.
+    tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined."""
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
@@ -185,9 +203,10 @@ def _state_kernel(
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_c = tl.arange(0, BM)
     mask_v = offs_v[:, None] < V
-    is_correction = (offs_c < T)[None, :]
-    is_output = ((offs_c >= T) & (offs_c < T + length))[None, :]
-    out_ptrs = out_ptr + (start + offs_c[None, :] - T) * stride_out_tok + h * V + offs_v[:, None]
+    HALF: tl.constexpr = BM // 2
+    is_correction = (offs_c < HALF)[None, :]
+    is_output = ((offs_c >= HALF) & (offs_c < HALF + length))[None, :]
+    out_ptrs = out_ptr + (start + offs_c[None, :] - HALF) * stride_out_tok + h * V + offs_v[:, None]
     if length > 0:
         if slot > null_block_id:
             pair = (b * H + h).to(tl.int64)
@@ -197,23 +216,18 @@ def _state_kernel(
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 S = tl.load(state_rows + offs_k[None, :], mask=mask_v & (offs_k < K)[None, :], other=0.0)
-                operand = tl.load(operand_cols + offs_k[:, None],
-                                  mask=(offs_k < K)[:, None] & (offs_c < 2 * T)[None, :], other=0.0)
+                operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < K)[:, None], other=0.0)
                 Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
-            mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :],
-                          mask=(offs_c < 2 * T)[:, None] & (offs_c < 2 * T)[None, :], other=0.0)
+            mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :])
             values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
                              mask=mask_v & (offs_c < length)[None, :], other=0.0).to(tl.float32)
             Z = tl.where(is_correction, values - Y, Y)
             UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
             tl.store(out_ptrs, UO.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
-            if HAS_RECORD_INDICES:
-                rec = tl.load(record_indices_ptr + b).to(tl.int64)
-            else:
-                rec = b.to(tl.int64)
+            rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
             if rec >= 0:
                 corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_c[None, :]) * V + offs_v[:, None]
-                tl.store(corr_ptrs, UO, mask=mask_v & is_correction & (offs_c < length)[None, :])
+                tl.store(corr_ptrs, UO, mask=mask_v & (offs_c < length)[None, :])
         else:
             tl.store(out_ptrs, tl.zeros((BV, BM), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
 
@@ -242,7 +256,7 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
         records.key_gate, operand, mix, query_start_loc, state_indices, record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t, BM=cfg.block_m,
+        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION,
         num_warps=cfg.window_warps, num_stages=1,
