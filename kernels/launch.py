@@ -15,7 +15,7 @@ DOT_PRECISION = "tf32x3"
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 
-_ONE_WAVE_WINDOW_PROGRAMS = 1024  # (row, head) pairs up to which the key side runs in about one wave
+_FEW_WINDOW_PROGRAMS = 256  # (row, head) pairs up to which two warps per key-side program win
 
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
@@ -63,9 +63,9 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         state_block_k=min(32, block_k),
         stages=3,
         num_warps=2,
-        # A key-side program is a serial chain; while every program fits in one wave, two
-        # warps shorten it, and past that one warp per program keeps more programs resident.
-        window_warps=2 if batch * heads <= _ONE_WAVE_WINDOW_PROGRAMS else 1,
+        # A key-side program is a serial chain: with few programs (a couple per SM) two warps
+        # shorten it; with more, one warp per program keeps more of them resident.
+        window_warps=2 if batch * heads <= _FEW_WINDOW_PROGRAMS else 1,
     )
 
 
