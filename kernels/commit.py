@@ -36,15 +36,41 @@ def _fold_operand(g, key, count, offs_t):
 
 
 @triton.jit
+def _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_scale, A, lower_bound,
+                  K: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
+    """Key channels ``offs_k [BKK]``: the state block ``S [BV, BKK]`` in float32, and the
+    normalised keys and log decays ``[BT, BKK]`` of the records."""
+    mask_k = offs_k < K
+    mask_tk = live[:, None] & mask_k[None, :]
+    S = tl.load(source_rows + offs_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+    g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
+    dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
+    key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A, lower_bound, HAS_LOWER_BOUND)
+    return S, key, g
+
+
+@triton.jit
+def _folded(S, U, g, key, count, offs_t, DOT_PRECISION: tl.constexpr):
+    """``S exp(G_count) + U F_count`` for one column block (``S [BV, BKK]``, ``U [BV, BT]``)."""
+    decay, fold = _fold_operand(g, key, count, offs_t)
+    return S * decay[None, :] + tl.dot(U, fold, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _commit_kernel(
     state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
+    """Per (V-tile, row, head). Rows with a boundary slot take both folds from one read of
+    each column block (the boundary slot may be the source), in narrower blocks of
+    ``BOUNDARY_BKK`` so that this rarer path does not set the kernel's register count."""
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -64,38 +90,38 @@ def _commit_kernel(
         first = (rec * H + h) * T
         kg_rows = key_gate_ptr + (first + offs_t[:, None]) * (2 * K)
         key_sq = tl.zeros((BT,), tl.float32)
-        for k0 in tl.static_range(0, BK, BKK):
-            offs_k = k0 + tl.arange(0, BKK)
-            key_sq += sum_of_squares(tl.load(kg_rows + offs_k[None, :],
-                                             mask=live[:, None] & (offs_k < K)[None, :], other=0.0))
+        for n0 in tl.static_range(0, BK, BKK):
+            norm_cols = n0 + tl.arange(0, BKK)
+            key_sq += sum_of_squares(tl.load(kg_rows + norm_cols[None, :],
+                                             mask=live[:, None] & (norm_cols < K)[None, :], other=0.0))
         key_scale = inverse_norm(key_sq)[:, None]
         U = tl.load(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None],
                     mask=mask_v[:, None] & live[None, :], other=0.0)
         A_h = tl.exp(tl.load(A_log_ptr + h))
-        with_boundary = (boundary > null_block_id) & (recovery > 0) & (recovery <= n)
+        dt_bias_row = dt_bias_ptr + h * K
         rows = (h * V + offs_v[:, None]) * K
         source_rows = state_ptr + source * (H * V * K) + rows
-        for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
-            offs_k = k0 + tl.arange(0, BKK)
-            mask_k = offs_k < K
-            mask_tk = live[:, None] & mask_k[None, :]
-            mask_vk = mask_v[:, None] & mask_k[None, :]
-            S = tl.load(source_rows + offs_k[None, :], mask=mask_vk, other=0.0).to(tl.float32)
-            k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-            g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
-            dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
-            key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A_h, lower_bound,
-                                           HAS_LOWER_BOUND)
-            if with_boundary:
-                decay_r, fold_r = _fold_operand(g, key, recovery, offs_t)
-                S_r = S * decay_r[None, :] + tl.dot(U, fold_r, input_precision=DOT_PRECISION)
-                tl.store(state_ptr + boundary * (H * V * K) + rows + offs_k[None, :],
-                         S_r.to(state_ptr.dtype.element_ty), mask=mask_vk)
-            if final > null_block_id:
-                decay_n, fold_n = _fold_operand(g, key, n, offs_t)
-                S_n = S * decay_n[None, :] + tl.dot(U, fold_n, input_precision=DOT_PRECISION)
-                tl.store(state_ptr + final * (H * V * K) + rows + offs_k[None, :],
-                         S_n.to(state_ptr.dtype.element_ty), mask=mask_vk)
+        final_rows = state_ptr + final * (H * V * K) + rows
+        boundary_rows = state_ptr + boundary * (H * V * K) + rows
+        has_final = final > null_block_id
+        dtype = state_ptr.dtype.element_ty
+        if (boundary > null_block_id) & (recovery > 0) & (recovery <= n):
+            for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
+                cols = c0 + tl.arange(0, BOUNDARY_BKK)
+                S_c, key_c, g_c = _column_block(source_rows, kg_rows, dt_bias_row, cols, mask_v, live, key_scale, A_h,
+                                                lower_bound, K, HAS_LOWER_BOUND)
+                mask_vc = mask_v[:, None] & (cols < K)[None, :]
+                tl.store(boundary_rows + cols[None, :],
+                         _folded(S_c, U, g_c, key_c, recovery, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc)
+                tl.store(final_rows + cols[None, :],
+                         _folded(S_c, U, g_c, key_c, n, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc & has_final)
+        elif has_final:
+            for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
+                offs_k = k0 + tl.arange(0, BKK)
+                S, key, g = _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_scale, A_h,
+                                          lower_bound, K, HAS_LOWER_BOUND)
+                tl.store(final_rows + offs_k[None, :], _folded(S, U, g, key, n, offs_t, DOT_PRECISION).to(dtype),
+                         mask=mask_v[:, None] & (offs_k < K)[None, :])
 
 
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
@@ -117,7 +143,8 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         state_indices, record_indices,
         plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens,
         state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BT=cfg.block_t, STAGES=cfg.stages,
+        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BOUNDARY_BKK=cfg.boundary_block_kk, BV=cfg.block_v,
+        BT=cfg.block_t, STAGES=cfg.stages,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
         DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
     )

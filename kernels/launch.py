@@ -41,12 +41,14 @@ class VerifyConfig:
 
 @dataclass(frozen=True)
 class CommitConfig:
-    """``block_kk``: state columns (key channels) per step; ``stages``: loads in flight."""
+    """``block_kk``: state columns (key channels) per step, ``boundary_block_kk`` on rows that
+    also write a boundary slot; ``stages``: loads in flight."""
 
     block_k: int
     block_v: int
     block_t: int
     block_kk: int
+    boundary_block_kk: int
     stages: int
     num_warps: int
 
@@ -76,6 +78,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
         block_t=max(_DOT_MIN, triton.next_power_of_2(spec_query_len)),
         block_kk=min(32, block_k),
+        boundary_block_kk=min(_DOT_MIN, block_k),
         stages=3,
         num_warps=1,
     )
