@@ -1,7 +1,8 @@
 """Commit plans: the stock plan, deferral into pending counts, and the flush (docs: 6, 7).
 
-Each step is a small integer kernel writing into a ``CommitPlan`` allocated once; none
-allocates or synchronises, so a whole decode step can be captured in a CUDA graph.
+Each step is a small integer kernel, ``_PLAN_BLOCK`` rows a program, writing into a
+``CommitPlan`` allocated once; none allocates or synchronises, so a whole decode step can
+be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -55,39 +56,40 @@ def _commit_plan_kernel(
 @triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
 @triton.jit
 def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
-                         null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr):
-    """One program per row: hand a non-eager row's commit length to ``pending``."""
-    b = tl.program_id(0)
-    slot = tl.load(state_indices_ptr + b * stride_state_indices)
-    row = tl.load(record_rows_ptr + b)
-    if (slot > null_block_id) & (row >= 0):
-        if HAS_EAGER:
-            eager = tl.load(eager_ptr + b) != 0
-        else:
-            eager = False
-        if eager:
-            tl.store(pending_ptr + row, 0)
-        else:
-            tl.store(pending_ptr + row, tl.load(commit_lens_ptr + b))
-            tl.store(commit_lens_ptr + b, 0)
+                         batch, null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr, BLOCK: tl.constexpr):
+    """``BLOCK`` rows a program: hand each non-eager row's commit length to ``pending``."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = rows < batch
+    slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
+    row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
+    live = (slot > null_block_id) & (row >= 0)
+    if HAS_EAGER:
+        eager = tl.load(eager_ptr + rows, mask=live, other=0) != 0
+    else:
+        eager = rows < 0
+    deferred = live & (eager == 0)
+    lens = tl.load(commit_lens_ptr + rows, mask=deferred, other=0)
+    tl.store(pending_ptr + row, lens, mask=live)
+    tl.store(commit_lens_ptr + rows, tl.zeros((BLOCK,), tl.int32), mask=deferred)
 
 
 @triton.jit
 def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                                final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-                               null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
-    """One program per row: plan an in-place fold of the row's pending count, and consume it."""
-    b = tl.program_id(0)
-    slot = tl.load(state_indices_ptr + b * stride_state_indices)
-    row = tl.load(record_rows_ptr + b)
+                               batch, null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr,
+                               BLOCK: tl.constexpr):
+    """``BLOCK`` rows a program: plan an in-place fold of each row's pending count, and consume it."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = rows < batch
+    slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
+    row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
     live = (slot > null_block_id) & (row >= 0)
-    safe_row = tl.where(live, row, 0)
-    count = tl.load(pending_ptr + safe_row, mask=live, other=0)
-    tl.store(pending_ptr + safe_row, 0, mask=live)
-    tl.store(commit_lens_ptr + b, tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN))
-    tl.store(final_state_indices_ptr + b, slot)
-    tl.store(boundary_state_indices_ptr + b, null_block_id)
-    tl.store(boundary_recovery_lens_ptr + b, 0)
+    count = tl.load(pending_ptr + row, mask=live, other=0)
+    tl.store(pending_ptr + row, tl.zeros((BLOCK,), tl.int32), mask=live)
+    tl.store(commit_lens_ptr + rows, tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN), mask=in_batch)
+    tl.store(final_state_indices_ptr + rows, slot, mask=in_batch)
+    tl.store(boundary_state_indices_ptr + rows, tl.full((BLOCK,), null_block_id, tl.int32), mask=in_batch)
+    tl.store(boundary_recovery_lens_ptr + rows, tl.zeros((BLOCK,), tl.int32), mask=in_batch)
 
 
 def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
@@ -121,20 +123,27 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
     B = check_pending_args(state_indices, record_rows, pending, plan, eager)
     if B == 0:
         return
-    _defer_commit_kernel[(B,)](state_indices, plan.commit_lens, record_rows, pending, eager,
-                               NULL_BLOCK_ID, state_indices.stride(0))
+    _defer_commit_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
+        state_indices, plan.commit_lens, record_rows, pending, eager, B, NULL_BLOCK_ID, state_indices.stride(0),
+        BLOCK=_PLAN_BLOCK,
+    )
+
+
+def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, spec_query_len: int) -> None:
+    """Fill ``plan`` to fold each row's pending records in place, consuming the counts."""
+    B = check_pending_args(state_indices, record_rows, pending, plan)
+    if B == 0:
+        return
+    _prepare_flush_plan_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
+        state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
+        plan.boundary_state_indices, plan.boundary_recovery_lens, B, NULL_BLOCK_ID, state_indices.stride(0),
+        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK,
+    )
 
 
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
                          state_indices, record_rows, pending, plan: CommitPlan) -> None:
     """Fold each row's pending records into its slot in place; every count is consumed once."""
-    B = check_pending_args(state_indices, record_rows, pending, plan)
-    if B == 0:
-        return
-    _prepare_flush_plan_kernel[(B,)](
-        state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
-        plan.boundary_state_indices, plan.boundary_recovery_lens, NULL_BLOCK_ID, state_indices.stride(0),
-        SPEC_QUERY_LEN=records.spec_query_len,
-    )
+    _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)

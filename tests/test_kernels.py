@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernels
+import kernels.plan
 import kernels.reference as ref
 from kernels.buffers import CommitPlan
 from tests.kernel_problems import (
@@ -223,6 +224,33 @@ def test_defer_rules(device):
         impl.kda_recoverssm_defer(plan, slots, rows, pending)  # no eager tensor: nobody is eager
         assert pending.tolist() == [6, 9, 9, 4]
         assert plan.commit_lens.tolist() == [0, 2, 3, 1, 0]
+
+
+def test_defer_and_flush_plan_span_several_programs(device):
+    """A batch wider than one program of the integer kernels: pending counts, commit lengths
+    and the flush plan match the reference row for row."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, R, T = 300, 320, 8
+    slots = torch.randint(-1, 40, (B,), generator=gen, dtype=torch.int32).to(device)  # -1 and 0 are null
+    rows = torch.randperm(R, generator=gen)[:B].to(torch.int32)
+    rows[torch.rand(B, generator=gen) < 0.1] = -1
+    rows = rows.to(device)
+    eager = (torch.rand(B, generator=gen) < 0.2).to(device)
+    lens = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32)
+    pending_before = torch.randint(-2, T + 3, (R,), generator=gen, dtype=torch.int32)
+    seen = []
+    for impl, prepare_flush_plan in ((kernels, kernels.plan._prepare_flush_plan), (ref, ref._prepare_flush_plan)):
+        plan = CommitPlan.allocate(B, device)
+        plan.commit_lens.copy_(lens)
+        pending = pending_before.to(device)
+        impl.kda_recoverssm_defer(plan, slots, rows, pending, eager)
+        deferred = (pending.tolist(), plan.commit_lens.tolist())
+        flush_plan = CommitPlan.allocate(B, device)
+        prepare_flush_plan(flush_plan, slots, rows, pending, T)
+        seen.append((deferred, pending.tolist(), [getattr(flush_plan, name).tolist() for name in
+                    ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")]))
+    assert seen[0] == seen[1]
+    assert seen[0][0][0] != pending_before.tolist(), "defer changed no pending count"
 
 
 def test_stock_plan_rules(device):
