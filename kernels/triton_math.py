@@ -1,5 +1,5 @@
 """The one implementation of KDA's per-token math in Triton; verify and commit both call it,
-along with the one record-row lookup.
+along with the record-row lookup and the tile-stacking helpers.
 
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
@@ -66,6 +66,18 @@ def recurrence_step(S, decay, key, correction):
 def tile_row(x, rows, t):
     """Row ``t`` of a ``[BT, N]`` tile as an ``[N]`` vector; ``rows`` is ``arange(0, BT)``."""
     return tl.sum(tl.where(rows[:, None] == t, x, 0.0), axis=0)
+
+
+@triton.jit
+def stack_rows(top, bottom, M: tl.constexpr, N: tl.constexpr):
+    """``[top; bottom]`` as one ``[2 M, N]`` tile; ``top``, ``bottom``: ``[M, N]``."""
+    return tl.reshape(tl.permute(tl.join(top, bottom), (2, 0, 1)), (2 * M, N))
+
+
+@triton.jit
+def stack_columns(left, right, M: tl.constexpr, N: tl.constexpr):
+    """``[left | right]`` as one ``[M, 2 N]`` tile; ``left``, ``right``: ``[M, N]``."""
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (M, 2 * N))
 
 
 @triton.jit

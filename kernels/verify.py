@@ -10,10 +10,13 @@ normalised keys and queries (``[T, K]`` tiles):
     O = S_0 P^T + U C^T                                                        [BV, T]
 
 1. ``_window_kernel``, one program per (row, head), does everything that does not touch
-   the state: it writes the row's key records, the stacked operand ``[W; P]`` and the
-   ``2T x 2T`` mixing matrix ``M = [[L, L C^T], [0, I]]`` with ``L = diag(b) (I + diag(b) A)^-T``.
+   the state, in one pass over the key channels: it writes the row's key records, the
+   stacked operand ``[W; P]`` built from the raw keys and queries with ``row_scale``, the
+   norms that normalise its rows (known only after the last channel), and the ``2T x 2T``
+   mixing matrix ``M = [[L, L C^T], [0, I]]`` with ``L = diag(b) (I + diag(b) A)^-T``.
 2. ``_state_kernel``, one program per (V-tile, row, head), reads its state tile once:
-   ``Y = S_0 [W; P]^T`` and ``[U | O] = [V - S_0 W^T | S_0 P^T] M``, two products.
+   ``Y = S_0 [W; P]^T`` (scaled by ``row_scale``) and
+   ``[U | O] = [V - S_0 W^T | S_0 P^T] M``, two products.
 
 Both walk the key channels in blocks (the state kernel as a pipelined loop of products),
 so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many
@@ -35,7 +38,8 @@ from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
 from kernels.contract import check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.triton_math import (
-    inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
+    inverse_norm, record_row, recurrence_step, stack_columns, stack_rows, sum_of_squares, tile_row,
+    window_keys_and_gates,
 )
 
 
@@ -71,21 +75,9 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _stack(top, bottom, BT: tl.constexpr, N: tl.constexpr):
-    """``[top; bottom]`` as one ``[2 BT, N]`` tile; ``top``, ``bottom``: ``[BT, N]``."""
-    return tl.reshape(tl.permute(tl.join(top, bottom), (2, 0, 1)), (2 * BT, N))
-
-
-@triton.jit
-def _side_by_side(left, right, BT: tl.constexpr, N: tl.constexpr):
-    """``[left | right]`` as one ``[BT, 2 N]`` tile; ``left``, ``right``: ``[BT, N]``."""
-    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (BT, 2 * N))
-
-
-@triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, mix_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
@@ -93,11 +85,12 @@ def _window_kernel(
     FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Per (row, head): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
-    ``BT`` rows, zero past the window) and ``mix [2 BT, 2 BT]``.
+    ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
+    factor that normalises each operand row) and ``mix [2 BT, 2 BT]``.
 
-    Walks the key channels in blocks of ``BKK``: once for the norms, once for everything
-    else (``A`` and ``C`` are sums over the channels). Gates and decays are ``[BT, BKK]``
-    tiles; keys and queries are built stacked so that ``[A; C]`` is one product.
+    Walks the key channels once, in blocks of ``BKK`` (``A`` and ``C`` are sums over the
+    channels). Gates and decays are ``[BT, BKK]`` tiles; keys and queries are stacked so
+    that ``[A; C]`` is one product.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -118,17 +111,8 @@ def _window_kernel(
         offs_m = tl.arange(0, 2 * BT)
         operand_rows = operand_ptr + (pair * 2 * BT + offs_m[:, None]) * K
 
-        key_sq = tl.zeros((BT,), tl.float32)
-        query_sq = tl.zeros((BT,), tl.float32)
-        for k0 in tl.static_range(0, BK, BKK):
-            offs_k = k0 + tl.arange(0, BKK)
-            mask_tk = live[:, None] & (offs_k < K)[None, :]
-            key_sq += sum_of_squares(tl.load(k_rows + offs_k[None, :], mask=mask_tk, other=0.0))
-            query_sq += sum_of_squares(tl.load(q_rows + offs_k[None, :], mask=mask_tk, other=0.0))
-        key_scale = inverse_norm(key_sq)[:, None]
-        query_scale = inverse_norm(query_sq)[:, None] * (K ** -0.5)
-
         A_h = tl.exp(tl.load(A_log_ptr + h))
+        sum_sq = tl.zeros((2 * BT,), tl.float32)
         if FACTORED:
             AC = tl.zeros((2 * BT, 2 * BT), tl.float32)
         else:
@@ -145,31 +129,41 @@ def _window_kernel(
                 tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
                 tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
             dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
-            key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A_h, lower_bound,
+            # Keys and queries unnormalised here: their norms are known only after the last
+            # block, and every product below is linear in each row, so they scale it after.
+            key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A_h, lower_bound,
                                            HAS_LOWER_BOUND)
-            query = tl.where(live[:, None], q_raw.to(tl.float32) * query_scale, 0.0)
+            query = tl.where(live[:, None], q_raw.to(tl.float32), 0.0)
+            sum_sq += sum_of_squares(stack_rows(key, query, BT, BKK))
             G = tl.cumsum(g, axis=0)
-            WP = _stack(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
+            WP = stack_rows(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
             if FACTORED:
-                growth = _stack(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
+                growth = stack_rows(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
                 AC += tl.dot(WP, tl.trans(growth), input_precision=DOT_PRECISION)
             else:
                 A_block, C_block = _stepwise_window_products(g, key, query, T, BT)
                 A += A_block
                 C += C_block
             tl.store(operand_rows + offs_k[None, :], WP, mask=mask_k[None, :])
+        # Rows W then P: key norms, then query norms with the 1/sqrt(K) of the attention.
+        scale = inverse_norm(sum_sq) * tl.where(offs_m < BT, 1.0, K ** -0.5)
+        tl.store(row_scale_ptr + pair * 2 * BT + offs_m, scale)
+        scale_rows_cols = scale[:, None] * scale[None, :]
 
         # M = [[L, L C^T], [0, I]] = L [I | C^T] plus the identity of the output rows, where
         # L = diag(b) (I + diag(b) A)^-T; the [BT, BT] blocks live in a [2 BT, 2 BT] tile.
         rows = offs_m[:, None]
         cols = offs_m[None, :]
         if FACTORED:
+            AC = AC * scale_rows_cols
             A = tl.where((cols < rows) & (rows < BT), AC, 0.0)
             C_t = tl.trans(tl.where((rows >= BT) & (cols <= rows - BT), AC, 0.0))
         else:
             empty = tl.zeros((BT, BT), tl.float32)
-            A = _stack(_side_by_side(A, empty, BT, BT), _side_by_side(empty, empty, BT, BT), BT, 2 * BT)
-            C_t = _stack(_side_by_side(empty, tl.trans(C), BT, BT), _side_by_side(empty, empty, BT, BT), BT, 2 * BT)
+            A = stack_rows(stack_columns(A, empty, BT, BT), stack_columns(empty, empty, BT, BT), BT, 2 * BT)
+            C_t = stack_rows(stack_columns(empty, tl.trans(C), BT, BT), stack_columns(empty, empty, BT, BT), BT, 2 * BT)
+            A = A * scale_rows_cols
+            C_t = C_t * scale_rows_cols
         live_m = (offs_m < length)
         beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_m) * stride_beta_tok + h, mask=live_m,
                                   other=0.0).to(tl.float32))
@@ -182,7 +176,7 @@ def _window_kernel(
 
 @triton.jit
 def _state_kernel(
-    v_ptr, state_ptr, operand_ptr, mix_ptr, correction_ptr, out_ptr,
+    v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
@@ -191,7 +185,8 @@ def _state_kernel(
 ):
     """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
-    ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined."""
+    ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
+    then its columns are scaled by ``row_scale``."""
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -218,6 +213,7 @@ def _state_kernel(
                 S = tl.load(state_rows + offs_k[None, :], mask=mask_v & (offs_k < K)[None, :], other=0.0)
                 operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < K)[:, None], other=0.0)
                 Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
+            Y = Y * tl.load(row_scale_ptr + pair * BM + offs_c)[None, :]
             mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :])
             values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
                              mask=mask_v & (offs_c < length)[None, :], other=0.0).to(tl.float32)
@@ -250,11 +246,12 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
     cfg = verify_config(B, H, K, V, T)
     operand = torch.empty((B, H, cfg.block_m, K), dtype=torch.float32, device=v.device)
+    row_scale = torch.empty((B, H, cfg.block_m), dtype=torch.float32, device=v.device)
     mix = torch.empty((B, H, cfg.block_m, cfg.block_m), dtype=torch.float32, device=v.device)
     has_rec = record_indices is not None
     _window_kernel[(B, H)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        records.key_gate, operand, mix, query_start_loc, state_indices, record_indices,
+        records.key_gate, operand, row_scale, mix, query_start_loc, state_indices, record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
@@ -262,7 +259,7 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
         num_warps=cfg.window_warps, num_stages=1,
     )
     _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
-        v, checkpoint_state, operand, mix, records.correction, out,
+        v, checkpoint_state, operand, row_scale, mix, records.correction, out,
         query_start_loc, state_indices, record_indices,
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
