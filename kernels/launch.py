@@ -23,20 +23,23 @@ _FACTORED_LOG_RANGE = 80.0
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``block_m =
-    2 block_t``: rows of the stacked window operand ``[W; P]``; ``window_block_k``,
+    """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``window_block_k``,
     ``state_block_k``: key channels per step of the key-side and the state kernel;
     ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program."""
 
     block_k: int
     block_v: int
     block_t: int
-    block_m: int
     window_block_k: int
     state_block_k: int
     stages: int
     num_warps: int
     window_warps: int
+
+    @property
+    def block_m(self) -> int:
+        """Rows of the stacked window operand ``[W; P]``: ``block_t`` each."""
+        return 2 * self.block_t
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,6 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         block_k=block_k,
         block_v=max(_DOT_MIN, min(64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,
-        block_m=2 * block_t,
         window_block_k=min(32, block_k),
         state_block_k=min(32, block_k),
         stages=3,
