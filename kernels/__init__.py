@@ -7,6 +7,8 @@ The public API (the same names in ``kernels.reference``)::
     kda_recoverssm_defer    move commit lengths into per-request pending counts
     kda_recoverssm_commit   fold records into checkpoint slots
     kda_recoverssm_flush    fold and consume every pending count
+    kda_recoverssm_flush_verify
+                            flush, then verify from the flushed state, in one pass over it
 """
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords, allocate_records
@@ -18,12 +20,12 @@ from kernels.plan import (
     kda_recoverssm_flush,
     kda_recoverssm_plan,
 )
-from kernels.verify import kda_recoverssm_verify
+from kernels.verify import kda_recoverssm_flush_verify, kda_recoverssm_verify
 
 OPS = ("verify", "plan", "defer", "commit", "flush")
 
 __all__ = [
     "NULL_BLOCK_ID", "OPS", "CommitPlan", "KDARecoverSSMRecords", "allocate_records",
     "kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
-    "kda_recoverssm_flush", "_defer_commit_kernel", "_prepare_flush_plan_kernel",
+    "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "_defer_commit_kernel", "_prepare_flush_plan_kernel",
 ]

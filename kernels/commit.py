@@ -21,18 +21,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
 from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import inverse_norm, record_row, sum_of_squares, window_keys_and_gates
-
-
-@triton.jit
-def _fold_operand(g, key, count, offs_t):
-    """``(exp(sum_{t<count} g_t) [BKK], F [BT, BKK])`` for folding the first ``count`` tokens."""
-    first = (offs_t < count)[:, None]
-    g = tl.where(first, g, 0.0)
-    total = tl.sum(g, axis=0)
-    # sum_{t<j<count} g_j = total - (inclusive cumulative sum up to t)
-    F = tl.where(first, tl.exp(total[None, :] - tl.cumsum(g, axis=0)) * key, 0.0)
-    return tl.exp(total), F
+from kernels.triton_math import fold_operand, inverse_norm, record_row, sum_of_squares, window_keys_and_gates
 
 
 @triton.jit
@@ -53,7 +42,7 @@ def _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_s
 @triton.jit
 def _folded(S, U, g, key, count, offs_t, DOT_PRECISION: tl.constexpr):
     """``S exp(G_count) + U F_count`` for one column block (``S [BV, BKK]``, ``U [BV, BT]``)."""
-    decay, fold = _fold_operand(g, key, count, offs_t)
+    decay, fold = fold_operand(g, key, count, offs_t)
     return S * decay[None, :] + tl.dot(U, fold, input_precision=DOT_PRECISION)
 
 

@@ -197,3 +197,16 @@ def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log,
     _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)
+
+
+def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                                records: KDARecoverSSMRecords, query_start_loc, state_indices, spec_query_len,
+                                record_rows, pending, plan: CommitPlan, out=None):
+    """``kda_recoverssm_flush``, then ``kda_recoverssm_verify`` with ``record_indices=record_rows``."""
+    check_pending_args(state_indices, record_rows, pending, plan)
+    check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records, query_start_loc,
+                      state_indices, spec_query_len, out, record_rows)
+    kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows, pending,
+                         plan)
+    return kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records,
+                                 query_start_loc, state_indices, spec_query_len, out=out, record_indices=record_rows)

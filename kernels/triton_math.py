@@ -63,6 +63,17 @@ def recurrence_step(S, decay, key, correction):
 
 
 @triton.jit
+def fold_operand(g, key, count, offs_t):
+    """``(exp(sum_{t<count} g_t) [BKK], F [BT, BKK])`` for folding the first ``count`` tokens."""
+    first = (offs_t < count)[:, None]
+    g = tl.where(first, g, 0.0)
+    total = tl.sum(g, axis=0)
+    # sum_{t<j<count} g_j = total - (inclusive cumulative sum up to t)
+    F = tl.where(first, tl.exp(total[None, :] - tl.cumsum(g, axis=0)) * key, 0.0)
+    return tl.exp(total), F
+
+
+@triton.jit
 def tile_row(x, rows, t):
     """Row ``t`` of a ``[BT, N]`` tile as an ``[N]`` vector; ``rows`` is ``arange(0, BT)``."""
     return tl.sum(tl.where(rows[:, None] == t, x, 0.0), axis=0)

@@ -22,6 +22,12 @@ Both walk the key channels in blocks (the state kernel as a pipelined loop of pr
 so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many
 programs run per SM with their state reads overlapping.
 
+``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: the key side also
+builds each row's fold operand of its pending records (the commit's ``F`` and decay, from
+the records before this window overwrites them), and the state kernel folds each state
+block with it, stores the block in place and takes the window's products from it, so a
+deferred step reads each slot once.
+
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
 is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
 built one token at a time with the shared recurrence step, where every factor is <= 1.
@@ -34,12 +40,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
-from kernels.contract import check_verify_args
+from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
+from kernels.contract import check_pending_args, check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
+from kernels.plan import _prepare_flush_plan
 from kernels.triton_math import (
-    inverse_norm, record_row, recurrence_step, stack_columns, stack_rows, sum_of_squares, tile_row,
-    window_keys_and_gates,
+    fold_operand, inverse_norm, record_row, recurrence_step, stack_columns, stack_rows, sum_of_squares,
+    tile_row, window_keys_and_gates,
 )
 
 
@@ -75,14 +82,43 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _store_pending_fold(key_gate_rows, count, dt_bias_row, A, lower_bound, fold_rows, decay_row,
+                        K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
+                        HAS_LOWER_BOUND: tl.constexpr):
+    """Fold operand of a record row's first ``count`` tokens (the commit's, docs: section 6):
+    ``F [BT, K]`` to ``fold_rows`` and ``exp(sum_{t<count} g_t) [K]`` to ``decay_row``.
+    ``key_gate_rows``: ``[BT, 1]`` pointers to the raw key-and-gate record of each token."""
+    offs_t = tl.arange(0, BT)
+    live = offs_t < count
+    key_sq = tl.zeros((BT,), tl.float32)
+    for k0 in tl.static_range(0, BK, BKK):
+        offs_k = k0 + tl.arange(0, BKK)
+        key_sq += sum_of_squares(tl.load(key_gate_rows + offs_k[None, :], mask=live[:, None] & (offs_k < K)[None, :],
+                                         other=0.0))
+    key_scale = inverse_norm(key_sq)[:, None]
+    for k0 in tl.static_range(0, BK, BKK):
+        offs_k = k0 + tl.arange(0, BKK)
+        mask_k = offs_k < K
+        mask_tk = live[:, None] & mask_k[None, :]
+        k_raw = tl.load(key_gate_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+        g_raw = tl.load(key_gate_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
+        dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
+        key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A, lower_bound,
+                                       HAS_LOWER_BOUND)
+        decay, fold = fold_operand(g, key, count, offs_t)
+        tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
+        tl.store(decay_row + offs_k, decay, mask=mask_k)
+
+
+@triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, pending_lens_ptr, fold_ptr, decay_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Per (row, head): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
     ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
@@ -91,6 +127,9 @@ def _window_kernel(
     Walks the key channels once, in blocks of ``BKK`` (``A`` and ``C`` are sums over the
     channels). Gates and decays are ``[BT, BKK]`` tiles; keys and queries are stacked so
     that ``[A; C]`` is one product.
+
+    With ``FLUSH``, first the fold operand of the row's ``pending_lens[b]`` pending records
+    (``fold [BT, K]``, ``decay [K]``), read before this window's records overwrite them.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -98,8 +137,18 @@ def _window_kernel(
     start = tl.load(query_start_loc_ptr + b)
     length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
     slot = tl.load(state_indices_ptr + b * stride_state_indices)
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+    if FLUSH:
+        pending = tl.minimum(tl.load(pending_lens_ptr + b), T)
+        if (pending > 0) & (slot > null_block_id) & (rec >= 0):
+            fold_pair = (b * H + h).to(tl.int64)
+            token_rows = tl.arange(0, BT)[:, None]
+            _store_pending_fold(key_gate_ptr + ((rec * H + h) * T + token_rows) * (2 * K), pending,
+                                dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
+                                fold_ptr + (fold_pair * BT + token_rows) * K, decay_ptr + fold_pair * K,
+                                K, BK, BKK, BT, HAS_LOWER_BOUND)
+        tl.debug_barrier()
     if (length > 0) & (slot > null_block_id):
-        rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
         offs_t = tl.arange(0, BT)
         live = offs_t < length
         tok = start + offs_t[:, None]
@@ -177,11 +226,12 @@ def _window_kernel(
 @triton.jit
 def _state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
+    pending_lens_ptr, fold_ptr, decay_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
-    HAS_RECORD_INDICES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
+    STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
@@ -202,30 +252,86 @@ def _state_kernel(
     is_correction = (offs_c < HALF)[None, :]
     is_output = ((offs_c >= HALF) & (offs_c < HALF + length))[None, :]
     out_ptrs = out_ptr + (start + offs_c[None, :] - HALF) * stride_out_tok + h * V + offs_v[:, None]
-    if length > 0:
-        if slot > null_block_id:
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+    if FLUSH:
+        pending = tl.where(rec >= 0, tl.minimum(tl.load(pending_lens_ptr + b), T), 0)
+        active = (length > 0) | (pending > 0)
+    else:
+        active = length > 0
+    if slot > null_block_id:
+        if active:
             pair = (b * H + h).to(tl.int64)
             state_rows = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K
             operand_cols = operand_ptr + (pair * BM + offs_c[None, :]) * K
+            if FLUSH:
+                folding = pending > 0
+                offs_f = tl.arange(0, FOLD_DEPTH)
+                pending_corrections = tl.load(
+                    correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None],
+                    mask=mask_v & (offs_f < pending)[None, :] & folding, other=0.0)
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
-                S = tl.load(state_rows + offs_k[None, :], mask=mask_v & (offs_k < K)[None, :], other=0.0)
+                mask_vk = mask_v & (offs_k < K)[None, :]
+                S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
+                if FLUSH:
+                    # the flush's fold of this block (docs: section 6), stored in place; the
+                    # window then runs from the stored (rounded) state, as after a flush
+                    decay = tl.load(decay_ptr + pair * K + offs_k, mask=(offs_k < K) & folding, other=1.0)
+                    fold = tl.load(fold_ptr + (pair * HALF + offs_f[:, None]) * K + offs_k[None, :],
+                                   mask=(offs_f < HALF)[:, None] & (offs_k < K)[None, :] & folding, other=0.0)
+                    S = tl.dot(pending_corrections, fold, S.to(tl.float32) * decay[None, :],
+                               input_precision=DOT_PRECISION).to(S.dtype)
+                    tl.store(state_rows + offs_k[None, :], S, mask=mask_vk & folding)
                 operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < K)[:, None], other=0.0)
                 Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
-            Y = Y * tl.load(row_scale_ptr + pair * BM + offs_c)[None, :]
-            mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :])
-            values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
-                             mask=mask_v & (offs_c < length)[None, :], other=0.0).to(tl.float32)
-            Z = tl.where(is_correction, values - Y, Y)
-            UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
-            tl.store(out_ptrs, UO.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
-            rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-            if rec >= 0:
-                corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_c[None, :]) * V + offs_v[:, None]
-                tl.store(corr_ptrs, UO, mask=mask_v & (offs_c < length)[None, :])
-        else:
-            tl.store(out_ptrs, tl.zeros((BV, BM), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+            if length > 0:
+                Y = Y * tl.load(row_scale_ptr + pair * BM + offs_c)[None, :]
+                mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :])
+                values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                                 mask=mask_v & (offs_c < length)[None, :], other=0.0).to(tl.float32)
+                Z = tl.where(is_correction, values - Y, Y)
+                UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
+                tl.store(out_ptrs, UO.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+                if rec >= 0:
+                    corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_c[None, :]) * V + offs_v[:, None]
+                    tl.store(corr_ptrs, UO, mask=mask_v & (offs_c < length)[None, :])
+    elif length > 0:
+        tl.store(out_ptrs, tl.zeros((BV, BM), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+
+
+def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
+            state_indices, d, out, record_indices, pending_lens=None):
+    """Both verify kernels; with ``pending_lens`` (a flush plan's commit lengths) they first
+    fold each row's pending records into its slot."""
+    B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
+    cfg = verify_config(B, H, K, V, T)
+    f32 = dict(dtype=torch.float32, device=v.device)
+    operand = torch.empty((B, H, cfg.block_m, K), **f32)
+    row_scale = torch.empty((B, H, cfg.block_m), **f32)
+    mix = torch.empty((B, H, cfg.block_m, cfg.block_m), **f32)
+    flush = pending_lens is not None
+    fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
+    decay = torch.empty((B, H, K) if flush else (1,), **f32)
+    has_rec = record_indices is not None
+    _window_kernel[(B, H)](
+        q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
+        records.key_gate, operand, row_scale, mix, pending_lens, fold, decay,
+        query_start_loc, state_indices, record_indices,
+        q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
+        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
+        FACTORED=factored_window(lower_bound, T), FLUSH=flush, DOT_PRECISION=DOT_PRECISION,
+        num_warps=cfg.window_warps, num_stages=1,
+    )
+    _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
+        v, checkpoint_state, operand, row_scale, mix, records.correction, out, pending_lens, fold, decay,
+        query_start_loc, state_indices, record_indices,
+        v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
+        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
+        FOLD_DEPTH=max(16, cfg.block_t), STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,
+        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
+    )
 
 
 def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
@@ -243,28 +349,26 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
         out = torch.zeros_like(v)
     if d.total_tokens == 0 or d.batch == 0:
         return out
-    B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
-    cfg = verify_config(B, H, K, V, T)
-    operand = torch.empty((B, H, cfg.block_m, K), dtype=torch.float32, device=v.device)
-    row_scale = torch.empty((B, H, cfg.block_m), dtype=torch.float32, device=v.device)
-    mix = torch.empty((B, H, cfg.block_m, cfg.block_m), dtype=torch.float32, device=v.device)
-    has_rec = record_indices is not None
-    _window_kernel[(B, H)](
-        q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        records.key_gate, operand, row_scale, mix, query_start_loc, state_indices, record_indices,
-        q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
-        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
-        FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION,
-        num_warps=cfg.window_warps, num_stages=1,
-    )
-    _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
-        v, checkpoint_state, operand, row_scale, mix, records.correction, out,
-        query_start_loc, state_indices, record_indices,
-        v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
-        STAGES=cfg.stages,
-        HAS_RECORD_INDICES=has_rec, DOT_PRECISION=DOT_PRECISION,
-        num_warps=cfg.num_warps, num_stages=1,
-    )
+    _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
+            state_indices, d, out, record_indices)
+    return out
+
+
+def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                                records: KDARecoverSSMRecords, query_start_loc, state_indices, spec_query_len,
+                                record_rows, pending, plan: CommitPlan, out=None):
+    """``kda_recoverssm_flush`` then ``kda_recoverssm_verify(..., record_indices=record_rows)``
+    (docs: section 7) with one read of each state tile: the state kernel folds a row's
+    pending records into its tile, stores it in place and runs the window from it.
+    ``plan`` receives the flush plan; every pending count is consumed once."""
+    check_pending_args(state_indices, record_rows, pending, plan)
+    d = check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records,
+                          query_start_loc, state_indices, spec_query_len, out, record_rows)
+    if out is None:
+        out = torch.zeros_like(v)
+    if d.batch == 0:
+        return out
+    _prepare_flush_plan(plan, state_indices, record_rows, pending, spec_query_len)
+    _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
+            state_indices, d, out, record_rows, pending_lens=plan.commit_lens)
     return out

@@ -1,7 +1,8 @@
 """A small synthetic decode loop that drives the kernel API the way a serving engine does.
 
 ``deferred``: each step flushes pending replays, then verify, plan, defer (some rows eager),
-commit; a final flush at the end. ``align``: prefix-caching align mode, verify, plan with a
+commit; a final flush at the end (``fused``: each step's flush and verify as one
+``kda_recoverssm_flush_verify`` call). ``align``: prefix-caching align mode, verify, plan with a
 block table, commit; every window is accepted in full, so it ends exactly on a block
 boundary (the case the old ``c_end // bs`` column gets wrong). Three requests and one
 CUDA-graph padding row per step.
@@ -20,7 +21,8 @@ WIDTH = 4
 """Block-table columns per request in align mode (block size = T)."""
 
 
-def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, device: str = "cpu") -> None:
+def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, device: str = "cpu",
+                fused: bool = False) -> None:
     """Run ``steps`` decode steps through ``api`` (a module or recorder with the kernel API)."""
     g = torch.Generator().manual_seed(seed)
     num_slots = 1 + REQUESTS * (WIDTH if mode == "align" else 1)
@@ -47,7 +49,8 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
             slots = i32([int(table[r, (computed[r] - 1) // T]) for r in range(REQUESTS)] + [-1])
         else:
             slots = i32([1, 2, 3, -1])
-            api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, slots, rec_rows, pending, plan)
+            if not fused:
+                api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, slots, rec_rows, pending, plan)
         lens = [T, T if mode == "align" else 1 + (step + 1) % T, T, 0]
         qsl = i32([0, *torch.tensor(lens).cumsum(0).tolist()])
         total = sum(lens)
@@ -55,8 +58,12 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
         v = torch.randn(1, total, H, V, generator=g).to(ACT).to(device)
         raw_beta = torch.randn(1, total, H, generator=g).to(ACT).to(device)
         record_indices = rec_rows if mode == "deferred" else None
-        api.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, LOWER_BOUND, pool, records, qsl, slots, T,
-                                  record_indices=record_indices)
+        if fused and mode == "deferred":
+            api.kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, LOWER_BOUND, pool, records, qsl,
+                                            slots, T, rec_rows, pending, plan)
+        else:
+            api.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, LOWER_BOUND, pool, records, qsl,
+                                      slots, T, record_indices=record_indices)
         accepted = i32(lens if mode == "align" else [max(1, n - step % 2) for n in lens[:3]] + [0])
         if mode == "align":
             num_computed = i32(computed)

@@ -73,11 +73,16 @@ def check_verify(p: Problem, state, records, state64, records64, rounds: int = 1
     before_kg = records.key_gate.clone()
     out = p.verify(kernels, state, records)
     out64 = p.verify(ref, state64, records64, acts_dtype=torch.float64)
-
     assert same_bits(state, before_state), "verify wrote the checkpoint"
+    check_window_results(p, out, out64, records, records64, before_kg, rounds)
+
+
+def check_window_results(p: Problem, out, out64, records, records64, before_kg, rounds: int) -> None:
+    """Outputs and records of one window against the reference's; key/gate records must be
+    bit copies of the inputs, and nothing may be written outside the row windows."""
     written = ~torch.isnan(out64)
     assert torch.equal(~torch.isnan(out), written), "outputs written outside the row windows"
-    state_rounded = rounds > 1 and state.dtype == torch.bfloat16
+    state_rounded = rounds > 1 and p.state.dtype == torch.bfloat16
     assert output_matches(out[written], out64[written], state_rounded)
 
     corr_written = ~torch.isnan(records64.correction)
@@ -205,6 +210,59 @@ def test_deferred_two_rounds_match_reference(device, with_eager):
     kernels.kda_recoverssm_flush(state, records, p.A_log, p.dt_bias, p.lower_bound, p.state_indices, rows,
                                  pending, plan)
     assert same_bits(state, settled), "flushing twice folded the window twice"
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+def test_flush_verify_matches_flush_then_verify(device, state_dtype):
+    """The fused flush and verify against the reference's flush, then verify: three deferred
+    steps (flush-verify, plan, defer), every accept length, null and padding rows, a row
+    whose pending records are folded although it has no tokens, and NaN in every slot and
+    record row the batch does not name."""
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    T = 4
+    p = make_problem(device, H=2, K=32, V=32, T=T, act=torch.bfloat16, state_dtype=state_dtype,
+                     lower_bound=-5.0, seed=seed)
+    rows = p.record_rows()
+    state, records = p.state, p.records
+    state64, records64 = p.state.double(), float64_records(p.records)
+    pending = torch.full((records.num_rows,), -7, dtype=torch.int32, device=device)  # rows no request owns
+    pending[rows] = 0
+    pending64 = pending.clone()
+    plan, plan64 = CommitPlan.allocate(p.batch, device), CommitPlan.allocate(p.batch, device)
+    empty_row = p.lengths.index(0)  # a real slot with no tokens (standard_rows)
+    folded = 0
+    for rounds in (1, 2, 3):
+        if rounds == 3:  # the no-token row takes over row 0's records and pending count
+            pending[rows[empty_row]] = pending64[rows[empty_row]] = pending[rows[0]]
+            for recs in (records, records64):
+                recs.correction[rows[empty_row]] = recs.correction[rows[0]]
+                recs.key_gate[rows[empty_row]] = recs.key_gate[rows[0]]
+        before, before_kg = state.clone(), records.key_gate.clone()
+        folded += int(pending[rows].clamp(min=0).sum())
+        acts = p.activations()
+        out = kernels.kda_recoverssm_flush_verify(
+            *acts, p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc, p.state_indices, T,
+            rows, pending, plan, out=torch.full_like(p.v, float("nan")))
+        out64 = ref.kda_recoverssm_flush_verify(
+            *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
+            p.query_start_loc, p.state_indices, T, rows, pending64, plan64,
+            out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
+        assert torch.equal(pending, pending64), "pending counts differ after the flush"
+        assert torch.equal(plan.commit_lens, plan64.commit_lens)
+        check_states(p, state, state64, before, rounds)
+        check_window_results(p, out, out64, records, records64, before_kg, rounds)
+
+        accepted = random_accepted(p, gen)
+        accepted[0] = T  # row 0 (a full window) always has something to defer
+        plan_both(p, plan, plan64, accepted)
+        kernels.kda_recoverssm_defer(plan, p.state_indices, rows, pending)
+        ref.kda_recoverssm_defer(plan64, p.state_indices, rows, pending64)
+        assert torch.equal(pending, pending64), "pending counts differ after defer"
+        fresh = make_problem(device, H=2, K=32, V=32, T=T, act=torch.bfloat16, state_dtype=state_dtype,
+                             lower_bound=-5.0, seed=seed + rounds)
+        p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
+    assert folded > 0, "the test folded nothing"
 
 
 def test_defer_rules(device):

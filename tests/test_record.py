@@ -46,6 +46,17 @@ def test_recorded_decode_loop_replays_bit_identically(tmp_path, capsys, monkeypa
     assert all(t["max_abs"] == 0 and t["mismatches"] == 0 for t in compared)
 
 
+def test_fused_flush_verify_is_recorded_as_a_flush_then_a_verify(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "fused.safetensors"
+    with record_trace(path, "kernels") as api:
+        decode_loop(api, "deferred", steps=3, fused=True)
+    assert _ops(path) == DEFERRED_OPS
+    code, out, err = run_kda(["replay", str(path), "--impl", "reference", "--format", "json", "--no-progress"],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["passed"] is True
+
+
 def test_trace_carries_inputs_results_and_provenance(tmp_path):
     path = tmp_path / "live.safetensors"
     with record_trace(path, "reference") as api:

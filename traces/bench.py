@@ -19,6 +19,8 @@ What one sample runs (``OPS``; each entry runs over every set, like consecutive 
     flush          flush(s) for each s             (flush plan + in-place commit)
     step-stock     verify(s) for each s; then plan(s), commit(s) for each s
     step-deferred  flush(s), verify(s) for each s; then plan(s), defer(s) for each s
+                   (flush and verify as one ``kda_recoverssm_flush_verify`` call where the
+                   implementation has it)
 
 The step orders follow a real decode step: verify in the forward pass of every layer,
 plan and commit after sampling; a deferred step flushes a layer's pending replay right
@@ -43,8 +45,9 @@ measured in the same run and every row's GB/s is also given as a fraction of it.
 
 Bytes per call come from the tensor contract (docs: section 4) for the workload's actual
 accepted counts: see ``verify_bytes``, ``commit_bytes``, ``plan_bytes``, ``defer_bytes``,
-``flush_bytes``. Index and plan tensors are counted in the integer ops (plan, defer, the
-flush's plan) and left out of verify and commit, where they are below 0.1%.
+``flush_bytes``, ``flush_verify_bytes``. Index and plan tensors are counted in the integer
+ops (plan, defer, the flush's plan) and left out of verify and commit, where they are below
+0.1%.
 
 A trace run (``run_trace_bench``) times each recorded event instead: the buffers evolve
 under the implementation as in a replay, are restored to their contents just before the
@@ -76,7 +79,10 @@ from traces.tape import event_call, trace_buffers
 SCHEMA = "kda-bench/1"
 SMOKE_LABEL = "interpreter smoke run: timings are not measurements"
 OPS = ("verify", "plan", "defer", "commit", "flush", "step-stock", "step-deferred")
-STEPS = {"step-stock": ("verify", "plan", "commit"), "step-deferred": ("flush", "verify", "plan", "defer")}
+STEPS = {"step-stock": ("verify", "plan", "commit"), "step-deferred": ("flush-verify", "plan", "defer")}
+"""The ops whose contract bytes make up a step's. A deferred step's flush and verify read
+each slot once between them (``flush_verify_bytes``), whether or not an implementation
+fuses them."""
 STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ACCEPT_MODES = ("full", "random")
 MODES = ("graph", "eager")
@@ -255,6 +261,13 @@ def flush_bytes(s: Shape, pending: list[int]) -> int:
     return 8 * 4 * len(pending) + commit_bytes(s, pending)
 
 
+def flush_verify_bytes(s: Shape, batch: int, spec_len: int, pending: list[int]) -> int:
+    """A flush, then a verify of the same rows from the flushed slots: the flush's bytes and
+    the verify's, less the second read of every slot the flush wrote."""
+    flushed = sum(1 for n in pending if n > 0)
+    return flush_bytes(s, pending) + verify_bytes(s, batch, batch * spec_len) - flushed * s.slot_bytes
+
+
 def op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[int]) -> int:
     """Bytes per call of an op or step for ``batch`` real rows with full windows of
     ``spec_len`` tokens and per-row commit lengths ``commit_lens`` (also the pending counts)."""
@@ -266,6 +279,7 @@ def op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[i
         "defer": lambda: defer_bytes(batch),
         "commit": lambda: commit_bytes(s, commit_lens),
         "flush": lambda: flush_bytes(s, commit_lens),
+        "flush-verify": lambda: flush_verify_bytes(s, batch, spec_len, commit_lens),
     }[name]()
 
 
@@ -356,6 +370,11 @@ class Workload:
         self.impl.kda_recoverssm_flush(self.pool, d["records"], self.A_log, self.dt_bias, self.lower_bound,
                                        d["slots"], self.record_rows, d["pending"], d["plan"])
 
+    def _flush_verify(self, d: dict) -> None:
+        self.impl.kda_recoverssm_flush_verify(
+            d["q"], d["k"], d["v"], d["g"], d["beta"], self.A_log, self.dt_bias, self.lower_bound, self.pool,
+            d["records"], self.qsl, d["slots"], self.T, self.record_rows, d["pending"], d["plan"], out=d["out"])
+
     def run(self, name: str) -> None:
         """One sample of ``name``: the op (or step) over every set, in decode-step order."""
         sets = self.sets
@@ -366,9 +385,13 @@ class Workload:
                 self._plan(d)
                 self._commit(d)
         elif name == "step-deferred":
+            fused = hasattr(self.impl, "kda_recoverssm_flush_verify")
             for d in sets:
-                self._flush(d)
-                self._verify(d, self.record_rows)
+                if fused:
+                    self._flush_verify(d)
+                else:
+                    self._flush(d)
+                    self._verify(d, self.record_rows)
             for d in sets:
                 self._plan(d)
                 self._defer(d)

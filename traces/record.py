@@ -216,6 +216,17 @@ class Recorder:
                           "pending": pending})
         return result
 
+    def kda_recoverssm_flush_verify(self, q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                                    records, query_start_loc, state_indices, spec_query_len, record_rows, pending,
+                                    plan, out=None):
+        """Recorded as what it stands for, a flush and then a verify of the same rows: two
+        events, run as two calls so that the state between them is observed."""
+        self.kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
+                                  pending, plan)
+        return self.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                                          records, query_start_loc, state_indices, spec_query_len, out=out,
+                                          record_indices=record_rows)
+
     # -- recording --------------------------------------------------------------------
 
     def _wants(self, op: str, bind: dict[str, torch.Tensor], lower_bound, spec_query_len,
