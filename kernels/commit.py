@@ -40,9 +40,10 @@ def _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_s
 
 
 @triton.jit
-def _folded(S, U, g, key, count, offs_t, DOT_PRECISION: tl.constexpr):
-    """``S exp(G_count) + U F_count`` for one column block (``S [BV, BKK]``, ``U [BV, BT]``)."""
-    decay, fold = fold_operand(g, key, count, offs_t)
+def _folded(S, U, g, G, key, count, offs_t, DOT_PRECISION: tl.constexpr):
+    """``S exp(G_count) + U F_count`` for one column block (``S [BV, BKK]``, ``U [BV, BT]``,
+    ``G = cumsum(g)``)."""
+    decay, fold = fold_operand(g, G, key, count, offs_t)
     return S * decay[None, :] + tl.dot(U, fold, input_precision=DOT_PRECISION)
 
 
@@ -99,18 +100,19 @@ def _commit_kernel(
                 cols = c0 + tl.arange(0, BOUNDARY_BKK)
                 S_c, key_c, g_c = _column_block(source_rows, kg_rows, dt_bias_row, cols, mask_v, live, key_scale, A_h,
                                                 lower_bound, K, HAS_LOWER_BOUND)
+                G_c = tl.cumsum(g_c, axis=0)
                 mask_vc = mask_v[:, None] & (cols < K)[None, :]
                 tl.store(boundary_rows + cols[None, :],
-                         _folded(S_c, U, g_c, key_c, recovery, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc)
+                         _folded(S_c, U, g_c, G_c, key_c, recovery, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc)
                 tl.store(final_rows + cols[None, :],
-                         _folded(S_c, U, g_c, key_c, n, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc & has_final)
+                         _folded(S_c, U, g_c, G_c, key_c, n, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc & has_final)
         elif has_final:
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 S, key, g = _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_scale, A_h,
                                           lower_bound, K, HAS_LOWER_BOUND)
-                tl.store(final_rows + offs_k[None, :], _folded(S, U, g, key, n, offs_t, DOT_PRECISION).to(dtype),
-                         mask=mask_v[:, None] & (offs_k < K)[None, :])
+                folded = _folded(S, U, g, tl.cumsum(g, axis=0), key, n, offs_t, DOT_PRECISION)
+                tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_v[:, None] & (offs_k < K)[None, :])
 
 
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,

@@ -1,5 +1,5 @@
 """The one implementation of KDA's per-token math in Triton; verify and commit both call it,
-along with the record-row lookup and the tile-stacking helpers.
+along with the record-row lookup.
 
 A gate or normalisation that differs by one rounding between verify and commit leaves
 outputs right and committed states drifting (docs: section 3), so neither kernel spells
@@ -63,13 +63,13 @@ def recurrence_step(S, decay, key, correction):
 
 
 @triton.jit
-def fold_operand(g, key, count, offs_t):
-    """``(exp(sum_{t<count} g_t) [BKK], F [BT, BKK])`` for folding the first ``count`` tokens."""
+def fold_operand(g, G, key, count, offs_t):
+    """``(exp(sum_{t<count} g_t) [BKK], F [BT, BKK])`` for folding the first ``count`` tokens;
+    ``G`` is ``cumsum(g, axis=0)``, shared by folds of several counts over the same tokens."""
     first = (offs_t < count)[:, None]
-    g = tl.where(first, g, 0.0)
-    total = tl.sum(g, axis=0)
+    total = tl.sum(tl.where(first, g, 0.0), axis=0)
     # sum_{t<j<count} g_j = total - (inclusive cumulative sum up to t)
-    F = tl.where(first, tl.exp(total[None, :] - tl.cumsum(g, axis=0)) * key, 0.0)
+    F = tl.where(first, tl.exp(total[None, :] - G) * key, 0.0)
     return tl.exp(total), F
 
 
@@ -77,18 +77,6 @@ def fold_operand(g, key, count, offs_t):
 def tile_row(x, rows, t):
     """Row ``t`` of a ``[BT, N]`` tile as an ``[N]`` vector; ``rows`` is ``arange(0, BT)``."""
     return tl.sum(tl.where(rows[:, None] == t, x, 0.0), axis=0)
-
-
-@triton.jit
-def stack_rows(top, bottom, M: tl.constexpr, N: tl.constexpr):
-    """``[top; bottom]`` as one ``[2 M, N]`` tile; ``top``, ``bottom``: ``[M, N]``."""
-    return tl.reshape(tl.permute(tl.join(top, bottom), (2, 0, 1)), (2 * M, N))
-
-
-@triton.jit
-def stack_columns(left, right, M: tl.constexpr, N: tl.constexpr):
-    """``[left | right]`` as one ``[M, 2 N]`` tile; ``left``, ``right``: ``[M, N]``."""
-    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (M, 2 * N))
 
 
 @triton.jit

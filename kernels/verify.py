@@ -45,9 +45,20 @@ from kernels.contract import check_pending_args, check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import _prepare_flush_plan
 from kernels.triton_math import (
-    fold_operand, inverse_norm, record_row, recurrence_step, stack_columns, stack_rows, sum_of_squares,
-    tile_row, window_keys_and_gates,
+    fold_operand, inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
 )
+
+
+@triton.jit
+def _stack_rows(top, bottom, M: tl.constexpr, N: tl.constexpr):
+    """``[top; bottom]`` as one ``[2 M, N]`` tile; ``top``, ``bottom``: ``[M, N]``."""
+    return tl.reshape(tl.permute(tl.join(top, bottom), (2, 0, 1)), (2 * M, N))
+
+
+@triton.jit
+def _stack_columns(left, right, M: tl.constexpr, N: tl.constexpr):
+    """``[left | right]`` as one ``[M, 2 N]`` tile; ``left``, ``right``: ``[M, N]``."""
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (M, 2 * N))
 
 
 @triton.jit
@@ -105,7 +116,7 @@ def _store_pending_fold(key_gate_rows, count, dt_bias_row, A, lower_bound, fold_
         dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
         key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A, lower_bound,
                                        HAS_LOWER_BOUND)
-        decay, fold = fold_operand(g, key, count, offs_t)
+        decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, count, offs_t)
         tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
         tl.store(decay_row + offs_k, decay, mask=mask_k)
 
@@ -183,11 +194,11 @@ def _window_kernel(
             key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A_h, lower_bound,
                                            HAS_LOWER_BOUND)
             query = tl.where(live[:, None], q_raw.to(tl.float32), 0.0)
-            sum_sq += sum_of_squares(stack_rows(key, query, BT, BKK))
+            sum_sq += sum_of_squares(_stack_rows(key, query, BT, BKK))
             G = tl.cumsum(g, axis=0)
-            WP = stack_rows(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
+            WP = _stack_rows(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
             if FACTORED:
-                growth = stack_rows(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
+                growth = _stack_rows(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
                 AC += tl.dot(WP, tl.trans(growth), input_precision=DOT_PRECISION)
             else:
                 A_block, C_block = _stepwise_window_products(g, key, query, T, BT)
@@ -209,8 +220,9 @@ def _window_kernel(
             C_t = tl.trans(tl.where((rows >= BT) & (cols <= rows - BT), AC, 0.0))
         else:
             empty = tl.zeros((BT, BT), tl.float32)
-            A = stack_rows(stack_columns(A, empty, BT, BT), stack_columns(empty, empty, BT, BT), BT, 2 * BT)
-            C_t = stack_rows(stack_columns(empty, tl.trans(C), BT, BT), stack_columns(empty, empty, BT, BT), BT, 2 * BT)
+            empty_rows = tl.zeros((BT, 2 * BT), tl.float32)
+            A = _stack_rows(_stack_columns(A, empty, BT, BT), empty_rows, BT, 2 * BT)
+            C_t = _stack_rows(_stack_columns(empty, tl.trans(C), BT, BT), empty_rows, BT, 2 * BT)
             A = A * scale_rows_cols
             C_t = C_t * scale_rows_cols
         live_m = (offs_m < length)
