@@ -56,17 +56,20 @@ class CommitConfig:
     num_warps: int
 
 
-def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> VerifyConfig:
+def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
+                  flush: bool = False) -> VerifyConfig:
+    """``flush``: the state kernel also folds pending records and stores each block, the
+    commit's work, and like the commit runs best on narrow one-warp tiles."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
     return VerifyConfig(
         block_k=block_k,
-        block_v=max(_DOT_MIN, min(64, triton.next_power_of_2(head_v_dim))),
+        block_v=max(_DOT_MIN, min(32 if flush else 64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,
         window_block_k=min(32, block_k),
         state_block_k=min(32, block_k),
         stages=3,
-        num_warps=2,
+        num_warps=1 if flush else 2,
         # A key-side program is a serial chain: with few programs (a couple per SM) two warps
         # shorten it; with more, one warp per program keeps more of them resident.
         window_warps=2 if batch * heads <= _FEW_WINDOW_PROGRAMS else 1,

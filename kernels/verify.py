@@ -23,8 +23,8 @@ so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and
 programs run per SM with their state reads overlapping.
 
 ``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: the key side also
-builds each row's fold operand of its pending records (the commit's ``F`` and decay, from
-the records before this window overwrites them), and the state kernel folds each state
+builds each row's fold operand of its pending records in the same pass (the commit's ``F``
+and decay, each block read before this window's records overwrite it), and the state kernel folds each state
 block with it, stores the block in place and takes the window's products from it, so a
 deferred step reads each slot once.
 
@@ -43,7 +43,6 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
-from kernels.plan import _prepare_flush_plan
 from kernels.triton_math import (
     fold_operand, inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
 )
@@ -93,38 +92,49 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _store_pending_fold(key_gate_rows, count, dt_bias_row, A, lower_bound, fold_rows, decay_row,
-                        K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
-                        HAS_LOWER_BOUND: tl.constexpr):
-    """Fold operand of a record row's first ``count`` tokens (the commit's, docs: section 6):
-    ``F [BT, K]`` to ``fold_rows`` and ``exp(sum_{t<count} g_t) [K]`` to ``decay_row``.
-    ``key_gate_rows``: ``[BT, 1]`` pointers to the raw key-and-gate record of each token."""
+def _pending_fold(kg_rows, pending, dt_bias_row, A, lower_bound, fold_rows, fold_scale_row, decay_row,
+                  K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
+                  HAS_LOWER_BOUND: tl.constexpr):
+    """The commit's fold operand (docs: section 6) of a record row's first ``pending`` tokens,
+    in one pass over the key channels: ``F [BT, K]`` with its rows unnormalised to
+    ``fold_rows``, their key norms ``[BT]`` to ``fold_scale_row`` and
+    ``exp(sum_{t<pending} g_t) [K]`` to ``decay_row``. ``kg_rows``: ``[BT, 1]`` pointers to
+    each token's raw key-and-gate record."""
     offs_t = tl.arange(0, BT)
-    live = offs_t < count
-    key_sq = tl.zeros((BT,), tl.float32)
-    for k0 in tl.static_range(0, BK, BKK):
-        offs_k = k0 + tl.arange(0, BKK)
-        key_sq += sum_of_squares(tl.load(key_gate_rows + offs_k[None, :], mask=live[:, None] & (offs_k < K)[None, :],
-                                         other=0.0))
-    key_scale = inverse_norm(key_sq)[:, None]
+    live = offs_t < pending
+    sum_sq = tl.zeros((BT,), tl.float32)
     for k0 in tl.static_range(0, BK, BKK):
         offs_k = k0 + tl.arange(0, BKK)
         mask_k = offs_k < K
         mask_tk = live[:, None] & mask_k[None, :]
-        k_raw = tl.load(key_gate_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-        g_raw = tl.load(key_gate_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
+        k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
+        g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
         dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
-        key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A, lower_bound,
-                                       HAS_LOWER_BOUND)
-        decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, count, offs_t)
+        sum_sq += sum_of_squares(k_raw)
+        # keys unnormalised, like W and P: F is linear in each row, scaled by its norm later
+        key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A, lower_bound, HAS_LOWER_BOUND)
+        decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, pending, offs_t)
         tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
         tl.store(decay_row + offs_k, decay, mask=mask_k)
+    tl.store(fold_scale_row + offs_t, inverse_norm(sum_sq))
+
+
+@triton.jit
+def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
+    """Copy the window's raw keys and gates (``[BT, 1]`` row pointers each) into its key
+    records, ``live`` rows only."""
+    for k0 in tl.static_range(0, BK, BKK):
+        offs_k = k0 + tl.arange(0, BKK)
+        mask_tk = live[:, None] & (offs_k < K)[None, :]
+        tl.store(kg_rows + offs_k[None, :], tl.load(k_rows + offs_k[None, :], mask=mask_tk), mask=mask_tk)
+        tl.store(kg_rows + K + offs_k[None, :], tl.load(g_rows + offs_k[None, :], mask=mask_tk), mask=mask_tk)
 
 
 @triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, pending_lens_ptr, fold_ptr, decay_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, fold_scale_ptr, decay_ptr,
+    pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
@@ -139,8 +149,10 @@ def _window_kernel(
     channels). Gates and decays are ``[BT, BKK]`` tiles; keys and queries are stacked so
     that ``[A; C]`` is one product.
 
-    With ``FLUSH``, first the fold operand of the row's ``pending_lens[b]`` pending records
-    (``fold [BT, K]``, ``decay [K]``), read before this window's records overwrite them.
+    With ``FLUSH`` the grid has a second program per (row, head), ``program_id(2) == 1``,
+    that owns the key records: it writes the flush plan's row ``b`` (head 0; the count stays
+    in ``pending`` for the state kernel to consume), the fold operand of the row's pending
+    records (``_pending_fold``), then overwrites those records with the window's.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -149,17 +161,28 @@ def _window_kernel(
     length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
     slot = tl.load(state_indices_ptr + b * stride_state_indices)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-    if FLUSH:
-        pending = tl.minimum(tl.load(pending_lens_ptr + b), T)
-        if (pending > 0) & (slot > null_block_id) & (rec >= 0):
-            fold_pair = (b * H + h).to(tl.int64)
-            token_rows = tl.arange(0, BT)[:, None]
-            _store_pending_fold(key_gate_ptr + ((rec * H + h) * T + token_rows) * (2 * K), pending,
-                                dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
-                                fold_ptr + (fold_pair * BT + token_rows) * K, decay_ptr + fold_pair * K,
-                                K, BK, BKK, BT, HAS_LOWER_BOUND)
-        tl.debug_barrier()
-    if (length > 0) & (slot > null_block_id):
+    if tl.program_id(2) == 1:
+        if FLUSH:
+            owned = (slot > null_block_id) & (rec >= 0)
+            pending = tl.minimum(tl.maximum(tl.load(pending_ptr + rec, mask=owned, other=0), 0), T)
+            if h == 0:  # the same plan as kda_recoverssm_flush's: fold in place, no boundary slot
+                tl.store(commit_lens_ptr + b, pending)
+                tl.store(final_state_indices_ptr + b, slot)
+                tl.store(boundary_state_indices_ptr + b, null_block_id)
+                tl.store(boundary_recovery_lens_ptr + b, 0)
+            offs_t = tl.arange(0, BT)
+            kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+            if pending > 0:
+                pair = (b * H + h).to(tl.int64)
+                _pending_fold(kg_rows, pending, dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
+                              fold_ptr + (pair * BT + offs_t[:, None]) * K, fold_scale_ptr + pair * BT,
+                              decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
+                tl.debug_barrier()  # every lane has read the old records before any is overwritten
+            if owned & (length > 0):
+                tok = start + offs_t[:, None]
+                _store_key_records(k_ptr + tok * stride_k_tok + h * K, g_ptr + tok * stride_g_tok + h * K, kg_rows,
+                                   offs_t < length, K, BK, BKK)
+    elif (length > 0) & (slot > null_block_id):
         offs_t = tl.arange(0, BT)
         live = offs_t < length
         tok = start + offs_t[:, None]
@@ -185,10 +208,11 @@ def _window_kernel(
             k_raw = tl.load(k_rows + offs_k[None, :], mask=mask_tk, other=0.0)
             g_raw = tl.load(g_rows + offs_k[None, :], mask=mask_tk, other=0.0)
             q_raw = tl.load(q_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-            if rec >= 0:
-                tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
-                tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
             dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+            if not FLUSH:  # (with FLUSH the other program writes them, once the fold has read the old ones)
+                if rec >= 0:
+                    tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
+                    tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
             # Keys and queries unnormalised here: their norms are known only after the last
             # block, and every product below is linear in each row, so they scale it after.
             key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A_h, lower_bound,
@@ -238,7 +262,7 @@ def _window_kernel(
 @triton.jit
 def _state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
-    pending_lens_ptr, fold_ptr, decay_ptr,
+    fold_ptr, fold_scale_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
@@ -248,7 +272,10 @@ def _state_kernel(
     """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
-    then its columns are scaled by ``row_scale``."""
+    then its columns are scaled by ``row_scale``.
+
+    With ``FLUSH``, each state block is first folded with the key side's fold operand and
+    stored in place; one program of the row consumes its pending count."""
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -266,7 +293,9 @@ def _state_kernel(
     out_ptrs = out_ptr + (start + offs_c[None, :] - HALF) * stride_out_tok + h * V + offs_v[:, None]
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if FLUSH:
-        pending = tl.where(rec >= 0, tl.minimum(tl.load(pending_lens_ptr + b), T), 0)
+        pending = tl.load(commit_lens_ptr + b)  # the window kernel's flush plan
+        if (pid_v == 0) & (h == 0) & (slot > null_block_id) & (rec >= 0):
+            tl.store(pending_ptr + rec, 0)  # consumed, after every key-side program has read it
         active = (length > 0) | (pending > 0)
     else:
         active = length > 0
@@ -278,9 +307,12 @@ def _state_kernel(
             if FLUSH:
                 folding = pending > 0
                 offs_f = tl.arange(0, FOLD_DEPTH)
+                pending_f = (offs_f < pending) & folding
+                # U diag(fold_scale): the key norms of the fold's rows, applied to its columns
                 pending_corrections = tl.load(
                     correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None],
-                    mask=mask_v & (offs_f < pending)[None, :] & folding, other=0.0)
+                    mask=mask_v & pending_f[None, :], other=0.0) * tl.load(
+                    fold_scale_ptr + pair * HALF + offs_f, mask=pending_f, other=0.0)[None, :]
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
@@ -313,22 +345,25 @@ def _state_kernel(
 
 
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
-            state_indices, d, out, record_indices, pending_lens=None):
-    """Both verify kernels; with ``pending_lens`` (a flush plan's commit lengths) they first
+            state_indices, d, out, record_indices, pending=None, plan=None):
+    """Both verify kernels; with ``pending`` counts (and the ``plan`` that receives them) they first
     fold each row's pending records into its slot."""
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
-    cfg = verify_config(B, H, K, V, T)
+    flush = pending is not None
+    cfg = verify_config(B, H, K, V, T, flush)
     f32 = dict(dtype=torch.float32, device=v.device)
     operand = torch.empty((B, H, cfg.block_m, K), **f32)
     row_scale = torch.empty((B, H, cfg.block_m), **f32)
     mix = torch.empty((B, H, cfg.block_m, cfg.block_m), **f32)
-    flush = pending_lens is not None
+    plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
+                 plan.boundary_recovery_lens) if flush else (None,) * 4
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
+    fold_scale = torch.empty((B, H, cfg.block_t) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     has_rec = record_indices is not None
-    _window_kernel[(B, H)](
+    _window_kernel[(B, H, 2 if flush else 1)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        records.key_gate, operand, row_scale, mix, pending_lens, fold, decay,
+        records.key_gate, operand, row_scale, mix, fold, fold_scale, decay, pending, *plan_rows,
         query_start_loc, state_indices, record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
@@ -337,7 +372,8 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         num_warps=cfg.window_warps, num_stages=1,
     )
     _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
-        v, checkpoint_state, operand, row_scale, mix, records.correction, out, pending_lens, fold, decay,
+        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, fold_scale, decay,
+        pending, plan_rows[0],
         query_start_loc, state_indices, record_indices,
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
@@ -380,7 +416,6 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
         out = torch.zeros_like(v)
     if d.batch == 0:
         return out
-    _prepare_flush_plan(plan, state_indices, record_rows, pending, spec_query_len)
     _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
-            state_indices, d, out, record_rows, pending_lens=plan.commit_lens)
+            state_indices, d, out, record_rows, pending=pending, plan=plan)
     return out
