@@ -17,10 +17,11 @@ What one sample runs (``OPS``; each entry runs over every set, like consecutive 
     defer          defer(s) for each s             (plan restored: defer zeroes commit_lens)
     commit         commit(s) for each s            (in place, final = source)
     flush          flush(s) for each s             (flush plan + in-place commit)
+    flush-verify   flush-verify(s) for each s      (one ``kda_recoverssm_flush_verify`` call
+                                                    where the implementation has it, else
+                                                    flush(s) then verify(s))
     step-stock     verify(s) for each s; then plan(s), commit(s) for each s
-    step-deferred  flush(s), verify(s) for each s; then plan(s), defer(s) for each s
-                   (flush and verify as one ``kda_recoverssm_flush_verify`` call where the
-                   implementation has it)
+    step-deferred  flush-verify(s) for each s; then plan(s), defer(s) for each s
 
 The step orders follow a real decode step: verify in the forward pass of every layer,
 plan and commit after sampling; a deferred step flushes a layer's pending replay right
@@ -78,7 +79,7 @@ from traces.tape import event_call, trace_buffers
 
 SCHEMA = "kda-bench/1"
 SMOKE_LABEL = "interpreter smoke run: timings are not measurements"
-OPS = ("verify", "plan", "defer", "commit", "flush", "step-stock", "step-deferred")
+OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
 STEPS = {"step-stock": ("verify", "plan", "commit"), "step-deferred": ("flush-verify", "plan", "defer")}
 """The ops whose contract bytes make up a step's. A deferred step's flush and verify read
 each slot once between them (``flush_verify_bytes``), whether or not an implementation
@@ -94,7 +95,7 @@ _SMOKE_REPS = 2
 _MAX_SETS = 4096
 _MEMORY_FRACTION = 0.5
 # Ops that write the checkpoint pool and so need it restored before every sample.
-_WRITES_STATE = {"commit", "flush", "step-stock", "step-deferred"}
+_WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred"}
 
 
 @dataclass(frozen=True)
@@ -371,6 +372,11 @@ class Workload:
                                        d["slots"], self.record_rows, d["pending"], d["plan"])
 
     def _flush_verify(self, d: dict) -> None:
+        """The fused call where the implementation has it, else a flush and then a verify."""
+        if not hasattr(self.impl, "kda_recoverssm_flush_verify"):
+            self._flush(d)
+            self._verify(d, self.record_rows)
+            return
         self.impl.kda_recoverssm_flush_verify(
             d["q"], d["k"], d["v"], d["g"], d["beta"], self.A_log, self.dt_bias, self.lower_bound, self.pool,
             d["records"], self.qsl, d["slots"], self.T, self.record_rows, d["pending"], d["plan"], out=d["out"])
@@ -385,19 +391,14 @@ class Workload:
                 self._plan(d)
                 self._commit(d)
         elif name == "step-deferred":
-            fused = hasattr(self.impl, "kda_recoverssm_flush_verify")
             for d in sets:
-                if fused:
-                    self._flush_verify(d)
-                else:
-                    self._flush(d)
-                    self._verify(d, self.record_rows)
+                self._flush_verify(d)
             for d in sets:
                 self._plan(d)
                 self._defer(d)
         else:
             op = {"verify": lambda d: self._verify(d, None), "plan": self._plan, "defer": self._defer,
-                  "commit": self._commit, "flush": self._flush}[name]
+                  "commit": self._commit, "flush": self._flush, "flush-verify": self._flush_verify}[name]
             for d in sets:
                 op(d)
 

@@ -117,7 +117,7 @@ def bench(
                                    help="implementations side by side: triton, reference, a module or a .py file; "
                                         "repeat or comma-separate"),
     ops: Optional[str] = typer.Option(None, "--ops", help="ops and steps to time, comma-separated "
-                                      "[all: verify,plan,defer,commit,flush,step-stock,step-deferred]"),
+                                      "[all: verify,plan,defer,commit,flush,flush-verify,step-stock,step-deferred]"),
     eager: bool = typer.Option(False, "--eager", help="time eager calls instead of CUDA graph replays"),
     reps: int = typer.Option(100, "--reps", help="most samples per row (fewer if --row-seconds runs out, never < 10)"),
     row_seconds: float = typer.Option(2.0, "--row-seconds", help="time budget per row, in seconds"),
@@ -132,7 +132,7 @@ def bench(
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
 ) -> None:
-    """Time verify, plan, defer, commit, flush and whole decode steps on a CUDA GPU.
+    """Time verify, plan, defer, commit, flush, flush-verify and whole decode steps on a CUDA GPU.
 
     Each sample replays one CUDA graph over enough disjoint state slots that state comes from DRAM, with consumed state restored and L2 flushed between samples; rows report median, p10/p90 and count, contract bytes per call, GB/s and the fraction of a copy ceiling measured in the same run. With --trace, each recorded event is timed from the buffers just before it.
     """
