@@ -149,6 +149,15 @@ def test_stock_two_rounds_match_reference(device, H, K, V, T, act, state_dtype, 
         p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
 
 
+def deferred_buffers(p, rows, device):
+    """The float64 state and records beside ``p``'s, and pending counts and plans for the
+    kernels and the reference: counts 0 at the batch's record rows, -7 at rows no request owns."""
+    pending = torch.full((p.records.num_rows,), -7, dtype=torch.int32, device=device)
+    pending[rows] = 0
+    plan, plan64 = CommitPlan.allocate(p.batch, device), CommitPlan.allocate(p.batch, device)
+    return p.state.double(), float64_records(p.records), pending, pending.clone(), plan, plan64
+
+
 @pytest.mark.parametrize("with_eager", [True, False])
 def test_deferred_two_rounds_match_reference(device, with_eager):
     """flush, verify, plan, defer (+ commit of eager rows), twice, then a final flush."""
@@ -159,11 +168,7 @@ def test_deferred_two_rounds_match_reference(device, with_eager):
                      lower_bound=-5.0, seed=seed)
     rows = p.record_rows()
     state, records = p.state, p.records
-    state64, records64 = p.state.double(), float64_records(p.records)
-    pending = torch.full((records.num_rows,), -7, dtype=torch.int32, device=device)  # rows no request owns
-    pending[rows] = 0
-    pending64 = pending.clone()
-    plan, plan64 = CommitPlan.allocate(p.batch, device), CommitPlan.allocate(p.batch, device)
+    state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
     eager = None
     if with_eager:
         eager = torch.tensor([b % 3 == 1 for b in range(p.batch)], device=device)
@@ -225,11 +230,7 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype):
                      lower_bound=-5.0, seed=seed)
     rows = p.record_rows()
     state, records = p.state, p.records
-    state64, records64 = p.state.double(), float64_records(p.records)
-    pending = torch.full((records.num_rows,), -7, dtype=torch.int32, device=device)  # rows no request owns
-    pending[rows] = 0
-    pending64 = pending.clone()
-    plan, plan64 = CommitPlan.allocate(p.batch, device), CommitPlan.allocate(p.batch, device)
+    state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
     empty_row = p.lengths.index(0)  # a real slot with no tokens (standard_rows)
     folded = 0
     for rounds in (1, 2, 3):
