@@ -25,7 +25,8 @@ _FACTORED_LOG_RANGE = 80.0
 class VerifyConfig:
     """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``window_block_k``,
     ``state_block_k``: key channels per step of the key-side and the state kernel;
-    ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program."""
+    ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program;
+    ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice)."""
 
     block_k: int
     block_v: int
@@ -35,6 +36,8 @@ class VerifyConfig:
     stages: int
     num_warps: int
     window_warps: int
+    window_max_registers: int | None
+    state_max_registers: int | None
 
     @property
     def block_m(self) -> int:
@@ -73,6 +76,10 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         # A key-side program is a serial chain: with few programs (a couple per SM) two warps
         # shorten it; with more, one warp per program keeps more of them resident.
         window_warps=2 if batch * heads <= _FEW_WINDOW_PROGRAMS else 1,
+        # The flush's fold programs would set the key side's register count (168) and its
+        # state kernel runs at 206: capped, more programs are resident (2 % each, measured).
+        window_max_registers=128 if flush else None,
+        state_max_registers=168 if flush else None,
     )
 
 

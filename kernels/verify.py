@@ -369,7 +369,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         FACTORED=factored_window(lower_bound, T), FLUSH=flush, DOT_PRECISION=DOT_PRECISION,
-        num_warps=cfg.window_warps, num_stages=1,
+        num_warps=cfg.window_warps, num_stages=1, maxnreg=cfg.window_max_registers,
     )
     _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
         v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, fold_scale, decay,
@@ -378,7 +378,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=max(16, cfg.block_t), STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,
-        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
+        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.state_max_registers,
     )
 
 
