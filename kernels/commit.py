@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
 from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import fold_operand, inverse_norm, record_row, sum_of_squares, window_keys_and_gates
+from kernels.triton_math import fold_operand, inverse_norm, record_keys_and_gates, record_row, sum_of_squares
 
 
 @triton.jit
@@ -29,14 +29,10 @@ def _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_s
                   K: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
     """Key channels ``offs_k [BKK]``: the state block ``S [BV, BKK]`` in float32, and the
     normalised keys and log decays ``[BT, BKK]`` of the records."""
-    mask_k = offs_k < K
-    mask_tk = live[:, None] & mask_k[None, :]
-    S = tl.load(source_rows + offs_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-    g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
-    dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
-    key, g = window_keys_and_gates(k_raw, g_raw, key_scale, live[:, None], dt_bias, A, lower_bound, HAS_LOWER_BOUND)
-    return S, key, g
+    S = tl.load(source_rows + offs_k[None, :], mask=mask_v[:, None] & (offs_k < K)[None, :], other=0.0)
+    key, g = record_keys_and_gates(kg_rows, offs_k, live, key_scale, dt_bias_row, A, lower_bound, K,
+                                   HAS_LOWER_BOUND)
+    return S.to(tl.float32), key, g
 
 
 @triton.jit

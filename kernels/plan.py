@@ -74,6 +74,20 @@ def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pe
 
 
 @triton.jit
+def store_flush_plan(rows, mask, slot, count, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
+                     boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN: tl.constexpr):
+    """Plan rows ``rows`` (where ``mask``; a scalar or a vector, like ``slot`` and ``count``)
+    to fold ``count`` pending records into ``slot`` in place, with no boundary slot. Returns
+    the count as planned, clamped to ``[0, SPEC_QUERY_LEN]``."""
+    count = tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN)
+    tl.store(commit_lens_ptr + rows, count, mask=mask)
+    tl.store(final_state_indices_ptr + rows, slot, mask=mask)
+    tl.store(boundary_state_indices_ptr + rows, null_block_id, mask=mask)
+    tl.store(boundary_recovery_lens_ptr + rows, 0, mask=mask)
+    return count
+
+
+@triton.jit
 def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                                final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
                                batch, null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr,
@@ -86,10 +100,8 @@ def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, 
     live = (slot > null_block_id) & (row >= 0)
     count = tl.load(pending_ptr + row, mask=live, other=0)
     tl.store(pending_ptr + row, tl.zeros((BLOCK,), tl.int32), mask=live)
-    tl.store(commit_lens_ptr + rows, tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN), mask=in_batch)
-    tl.store(final_state_indices_ptr + rows, slot, mask=in_batch)
-    tl.store(boundary_state_indices_ptr + rows, tl.full((BLOCK,), null_block_id, tl.int32), mask=in_batch)
-    tl.store(boundary_recovery_lens_ptr + rows, tl.zeros((BLOCK,), tl.int32), mask=in_batch)
+    store_flush_plan(rows, in_batch, slot, count, commit_lens_ptr, final_state_indices_ptr,
+                     boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN)
 
 
 def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,

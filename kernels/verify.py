@@ -43,8 +43,10 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
+from kernels.plan import store_flush_plan
 from kernels.triton_math import (
-    fold_operand, inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
+    fold_operand, inverse_norm, record_keys_and_gates, record_row, recurrence_step, sum_of_squares, tile_row,
+    window_keys_and_gates,
 )
 
 
@@ -106,13 +108,9 @@ def _pending_fold(kg_rows, pending, dt_bias_row, A, lower_bound, fold_rows, fold
     for k0 in tl.static_range(0, BK, BKK):
         offs_k = k0 + tl.arange(0, BKK)
         mask_k = offs_k < K
-        mask_tk = live[:, None] & mask_k[None, :]
-        k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-        g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
-        dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
-        sum_sq += sum_of_squares(k_raw)
         # keys unnormalised, like W and P: F is linear in each row, scaled by its norm later
-        key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A, lower_bound, HAS_LOWER_BOUND)
+        key, g = record_keys_and_gates(kg_rows, offs_k, live, 1.0, dt_bias_row, A, lower_bound, K, HAS_LOWER_BOUND)
+        sum_sq += sum_of_squares(key)
         decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, pending, offs_t)
         tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
         tl.store(decay_row + offs_k, decay, mask=mask_k)
@@ -164,12 +162,10 @@ def _window_kernel(
     if tl.program_id(2) == 1:
         if FLUSH:
             owned = (slot > null_block_id) & (rec >= 0)
-            pending = tl.minimum(tl.maximum(tl.load(pending_ptr + rec, mask=owned, other=0), 0), T)
-            if h == 0:  # the same plan as kda_recoverssm_flush's: fold in place, no boundary slot
-                tl.store(commit_lens_ptr + b, pending)
-                tl.store(final_state_indices_ptr + b, slot)
-                tl.store(boundary_state_indices_ptr + b, null_block_id)
-                tl.store(boundary_recovery_lens_ptr + b, 0)
+            # kda_recoverssm_flush's plan, row b written once (by head 0)
+            pending = store_flush_plan(b, h == 0, slot, tl.load(pending_ptr + rec, mask=owned, other=0),
+                                       commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
+                                       boundary_recovery_lens_ptr, null_block_id, T)
             offs_t = tl.arange(0, BT)
             kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
             if pending > 0:
