@@ -1,27 +1,50 @@
 """RecoverSSM commit: fold recorded tokens into checkpoint slots (docs: sections 3 and 6).
 
-One program owns one (V-tile, row, head). Folding the first ``n`` records is one product:
-with ``g`` the log decays and ``k^`` the normalised keys rebuilt from the raw records, and
-``U [V, T]`` the recorded corrections,
+Folding is ``S_n = S_0 exp(G_n) + U F_n`` (``kernels.fold``), whose operand ``F_n`` depends on
+a row's records alone, not on the state. Two designs, chosen by the number of (row, head)
+pairs (``kernels.launch.commit_config``):
 
-    S_n = S_0 * exp(sum_{t<n} g_t) + U F_n,   F_n[t] = exp(sum_{t<j<n} g_j) k^_t  (t < n, else 0)
+- few pairs, one launch: ``_fold_in_tile_kernel``, one program per (V-tile, row, head),
+  rebuilds each block of ``F`` from the records beside the state block, in every V-tile;
+- many pairs, two launches: ``_fold_operand_kernel``, one program per (row, head), writes
+  ``F`` of the commit length (operand 0) and, on rows with a boundary slot, of the recovery
+  length (operand 1) once; then ``_fold_state_kernel`` walks each state tile in blocks of key
+  channels (loads pipelined) and stores each block folded.
 
-Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate. Each
-column of ``F`` depends on its key channel alone (after the key norms), so the program walks
-the state in blocks of key channels, building that block of ``F`` beside the state block.
-The boundary slot, after ``boundary_recovery_lens[b]`` records, is the same fold with its
-own ``F``. Records past ``n`` are masked out before they are read, so NaN there is inert.
+Rows with a boundary slot take both folds from one read of each block (the boundary slot may
+be the source), in narrower blocks of ``BOUNDARY_BKK`` so that this rarer path does not set
+the kernel's register count. Records past a fold's length are masked out before they are
+read, so NaN there is inert.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
+from kernels.fold import fold_state_block, scaled_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
 from kernels.triton_math import fold_operand, inverse_norm, record_keys_and_gates, record_row, sum_of_squares
+
+
+@triton.jit
+def _commit_row(commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+                boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id,
+                T: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr):
+    """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds, has_boundary,
+    recovery)``; nothing is folded unless ``folds``."""
+    n = tl.minimum(tl.load(commit_lens_ptr + b), T)
+    source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+    recovery = tl.load(boundary_recovery_lens_ptr + b)
+    has_boundary = (tl.load(boundary_state_indices_ptr + b) > null_block_id) & (recovery > 0) & (recovery <= n)
+    return n, source, rec, (n > 0) & (source > null_block_id) & (rec >= 0), has_boundary, recovery
+
+
+# One launch, for few (row, head) pairs.
 
 
 @triton.jit
@@ -44,7 +67,7 @@ def _folded(S, U, g, G, key, count, offs_t, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _commit_kernel(
+def _fold_in_tile_kernel(
     state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
@@ -54,21 +77,16 @@ def _commit_kernel(
     STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Per (V-tile, row, head). Rows with a boundary slot take both folds from one read of
-    each column block (the boundary slot may be the source), in narrower blocks of
-    ``BOUNDARY_BKK`` so that this rarer path does not set the kernel's register count."""
+    """Per (V-tile, row, head): each block of the fold operand rebuilt beside its state block."""
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-
-    n = tl.minimum(tl.load(commit_lens_ptr + b), T)
-    source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+    n, source, rec, folds, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
-    boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
-    recovery = tl.load(boundary_recovery_lens_ptr + b)
-    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-
-    if (n > 0) & (source > null_block_id) & (rec >= 0):
+    has_final = final > null_block_id
+    if folds:
         offs_t = tl.arange(0, BT)
         offs_v = pid_v * BV + tl.arange(0, BV)
         mask_v = offs_v < V
@@ -88,10 +106,9 @@ def _commit_kernel(
         rows = (h * V + offs_v[:, None]) * K
         source_rows = state_ptr + source * (H * V * K) + rows
         final_rows = state_ptr + final * (H * V * K) + rows
-        boundary_rows = state_ptr + boundary * (H * V * K) + rows
-        has_final = final > null_block_id
         dtype = state_ptr.dtype.element_ty
-        if (boundary > null_block_id) & (recovery > 0) & (recovery <= n):
+        if has_boundary:
+            boundary_rows = state_ptr + tl.load(boundary_state_indices_ptr + b).to(tl.int64) * (H * V * K) + rows
             for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
                 cols = c0 + tl.arange(0, BOUNDARY_BKK)
                 S_c, key_c, g_c = _column_block(source_rows, kg_rows, dt_bias_row, cols, mask_v, live, key_scale, A_h,
@@ -111,6 +128,100 @@ def _commit_kernel(
                 tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_v[:, None] & (offs_k < K)[None, :])
 
 
+# Two launches, for many.
+
+
+@triton.jit
+def _fold_operand_kernel(
+    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, fold_scale_ptr, decay_ptr,
+    state_indices_ptr, record_indices_ptr, commit_lens_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    stride_state_indices, null_block_id, operand_stride,
+    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+):
+    """Per (row, head): operand 0 folds the commit length, operand 1 (boundary rows only) the
+    recovery length; operand ``o`` of pair ``p`` is at ``o * operand_stride + p`` in units of
+    one pair's ``fold [BT, K]``, ``fold_scale [BT]`` and ``decay [K]``."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    n, source, rec, folds, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+    if folds:
+        offs_t = tl.arange(0, BT)
+        kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+        dt_bias_row = dt_bias_ptr + h * K
+        A_h = tl.exp(tl.load(A_log_ptr + h))
+        pair = (b * H + h).to(tl.int64)
+        store_fold_operand(kg_rows, n, dt_bias_row, A_h, lower_bound, fold_ptr + (pair * BT + offs_t[:, None]) * K,
+                           fold_scale_ptr + pair * BT, decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
+        if has_boundary:
+            pair += operand_stride
+            store_fold_operand(kg_rows, recovery, dt_bias_row, A_h, lower_bound,
+                               fold_ptr + (pair * BT + offs_t[:, None]) * K, fold_scale_ptr + pair * BT,
+                               decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
+
+
+@triton.jit
+def _fold_state_kernel(
+    state_ptr, correction_ptr, fold_ptr, fold_scale_ptr, decay_ptr,
+    state_indices_ptr, record_indices_ptr,
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    stride_state_indices, null_block_id, operand_stride,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+    FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Per (V-tile, row, head): the operands of ``_fold_operand_kernel`` applied to each block."""
+    pid_v = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    n, source, rec, folds, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+    final = tl.load(final_state_indices_ptr + b).to(tl.int64)
+    has_final = final > null_block_id
+    if folds:
+        offs_v = pid_v * BV + tl.arange(0, BV)
+        mask_v = (offs_v < V)[:, None]
+        offs_f = tl.arange(0, FOLD_DEPTH)
+        pair = (b * H + h).to(tl.int64)
+        correction_cols = correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None]
+        corrections = scaled_corrections(correction_cols, fold_scale_ptr + pair * BT, offs_f, n, mask_v, BT)
+        fold_rows = fold_ptr + (pair * BT + offs_f[:, None]) * K
+        decay_row = decay_ptr + pair * K
+        rows = (h * V + offs_v[:, None]) * K
+        source_rows = state_ptr + source * (H * V * K) + rows
+        final_rows = state_ptr + final * (H * V * K) + rows
+        dtype = state_ptr.dtype.element_ty
+        if has_boundary:
+            boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
+            boundary_rows = state_ptr + boundary * (H * V * K) + rows
+            recovered = pair + operand_stride
+            boundary_corrections = scaled_corrections(correction_cols, fold_scale_ptr + recovered * BT, offs_f,
+                                                      recovery, mask_v, BT)
+            boundary_fold_rows = fold_ptr + (recovered * BT + offs_f[:, None]) * K
+            for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
+                cols = c0 + tl.arange(0, BOUNDARY_BKK)
+                mask_vc = mask_v & (cols < K)[None, :]
+                S = tl.load(source_rows + cols[None, :], mask=mask_vc, other=0.0)
+                tl.store(boundary_rows + cols[None, :],
+                         fold_state_block(S, boundary_corrections, boundary_fold_rows, decay_ptr + recovered * K,
+                                          offs_f, cols, True, K, BT, DOT_PRECISION).to(dtype), mask=mask_vc)
+                tl.store(final_rows + cols[None, :],
+                         fold_state_block(S, corrections, fold_rows, decay_row, offs_f, cols, True, K, BT,
+                                          DOT_PRECISION).to(dtype), mask=mask_vc & has_final)
+        elif has_final:
+            for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
+                offs_k = k0 + tl.arange(0, BKK)
+                mask_vk = mask_v & (offs_k < K)[None, :]
+                S = tl.load(source_rows + offs_k[None, :], mask=mask_vk, other=0.0)
+                folded = fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, True, K, BT,
+                                          DOT_PRECISION)
+                tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_vk)
+
+
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
                           state_indices, plan: CommitPlan, record_indices=None) -> None:
     """Fold each row's first ``plan.commit_lens[b]`` records, read at record row
@@ -123,15 +234,33 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         return
     T = records.spec_query_len
     cfg = commit_config(B, H, K, V, T)
-    grid = (triton.cdiv(V, cfg.block_v), B, H)
-    _commit_kernel[grid](
-        checkpoint_state, records.correction, records.key_gate, A_log, dt_bias,
-        0.0 if lower_bound is None else float(lower_bound),
-        state_indices, record_indices,
-        plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens,
-        state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BOUNDARY_BKK=cfg.boundary_block_kk, BV=cfg.block_v,
-        BT=cfg.block_t, STAGES=cfg.stages,
-        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1,
+    has_rec = record_indices is not None
+    plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
+    args = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BOUNDARY_BKK=cfg.boundary_block_kk,
+                BV=cfg.block_v, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, DOT_PRECISION=DOT_PRECISION,
+                num_warps=cfg.num_warps, num_stages=1)
+    state_grid = (triton.cdiv(V, cfg.block_v), B, H)
+    lower = 0.0 if lower_bound is None else float(lower_bound)
+    if not cfg.operand_once:
+        _fold_in_tile_kernel[state_grid](
+            checkpoint_state, records.correction, records.key_gate, A_log, dt_bias, lower, state_indices,
+            record_indices, *plan_rows, state_indices.stride(0), NULL_BLOCK_ID,
+            BT=cfg.fold_depth, HAS_LOWER_BOUND=lower_bound is not None, **args,
+        )
+        return
+    f32 = dict(dtype=torch.float32, device=checkpoint_state.device)
+    fold = torch.empty((2, B, H, cfg.block_t, K), **f32)  # operand 0: the commit length; 1: the recovery length
+    fold_scale = torch.empty((2, B, H, cfg.block_t), **f32)
+    decay = torch.empty((2, B, H, K), **f32)
+    _fold_operand_kernel[(B, H)](
+        records.key_gate, A_log, dt_bias, lower, fold, fold_scale, decay, state_indices, record_indices,
+        plan.commit_lens, plan.boundary_state_indices, plan.boundary_recovery_lens,
+        state_indices.stride(0), NULL_BLOCK_ID, B * H,
+        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
+        num_warps=cfg.operand_warps, num_stages=1,
+    )
+    _fold_state_kernel[state_grid](
+        checkpoint_state, records.correction, fold, fold_scale, decay, state_indices, record_indices, *plan_rows,
+        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
     )

@@ -42,11 +42,11 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
+from kernels.fold import fold_state_block, scaled_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
 from kernels.triton_math import (
-    fold_operand, inverse_norm, record_keys_and_gates, record_row, recurrence_step, sum_of_squares, tile_row,
-    window_keys_and_gates,
+    inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
 )
 
 
@@ -94,30 +94,6 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _pending_fold(kg_rows, pending, dt_bias_row, A, lower_bound, fold_rows, fold_scale_row, decay_row,
-                  K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
-                  HAS_LOWER_BOUND: tl.constexpr):
-    """The commit's fold operand (docs: section 6) of a record row's first ``pending`` tokens,
-    in one pass over the key channels: ``F [BT, K]`` with its rows unnormalised to
-    ``fold_rows``, their key norms ``[BT]`` to ``fold_scale_row`` and
-    ``exp(sum_{t<pending} g_t) [K]`` to ``decay_row``. ``kg_rows``: ``[BT, 1]`` pointers to
-    each token's raw key-and-gate record."""
-    offs_t = tl.arange(0, BT)
-    live = offs_t < pending
-    sum_sq = tl.zeros((BT,), tl.float32)
-    for k0 in tl.static_range(0, BK, BKK):
-        offs_k = k0 + tl.arange(0, BKK)
-        mask_k = offs_k < K
-        # keys unnormalised, like W and P: F is linear in each row, scaled by its norm later
-        key, g = record_keys_and_gates(kg_rows, offs_k, live, 1.0, dt_bias_row, A, lower_bound, K, HAS_LOWER_BOUND)
-        sum_sq += sum_of_squares(key)
-        decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, pending, offs_t)
-        tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
-        tl.store(decay_row + offs_k, decay, mask=mask_k)
-    tl.store(fold_scale_row + offs_t, inverse_norm(sum_sq))
-
-
-@triton.jit
 def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
     """Copy the window's raw keys and gates (``[BT, 1]`` row pointers each) into its key
     records, ``live`` rows only."""
@@ -150,7 +126,7 @@ def _window_kernel(
     With ``FLUSH`` the grid has a second program per (row, head), ``program_id(2) == 1``,
     that owns the key records: it writes the flush plan's row ``b`` (head 0; the count stays
     in ``pending`` for the state kernel to consume), the fold operand of the row's pending
-    records (``_pending_fold``), then overwrites those records with the window's.
+    records (``store_fold_operand``), then overwrites those records with the window's.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -170,7 +146,7 @@ def _window_kernel(
             kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
             if pending > 0:
                 pair = (b * H + h).to(tl.int64)
-                _pending_fold(kg_rows, pending, dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
+                store_fold_operand(kg_rows, pending, dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
                               fold_ptr + (pair * BT + offs_t[:, None]) * K, fold_scale_ptr + pair * BT,
                               decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
                 tl.debug_barrier()  # every lane has read the old records before any is overwritten
@@ -303,12 +279,9 @@ def _state_kernel(
             if FLUSH:
                 folding = pending > 0
                 offs_f = tl.arange(0, FOLD_DEPTH)
-                pending_f = (offs_f < pending) & folding
-                # U diag(fold_scale): the key norms of the fold's rows, applied to its columns
-                pending_corrections = tl.load(
+                pending_corrections = scaled_corrections(
                     correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None],
-                    mask=mask_v & pending_f[None, :], other=0.0) * tl.load(
-                    fold_scale_ptr + pair * HALF + offs_f, mask=pending_f, other=0.0)[None, :]
+                    fold_scale_ptr + pair * HALF, offs_f, pending, mask_v, HALF)
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
@@ -317,11 +290,9 @@ def _state_kernel(
                 if FLUSH:
                     # the flush's fold of this block (docs: section 6), stored in place; the
                     # window then runs from the stored (rounded) state, as after a flush
-                    decay = tl.load(decay_ptr + pair * K + offs_k, mask=(offs_k < K) & folding, other=1.0)
-                    fold = tl.load(fold_ptr + (pair * HALF + offs_f[:, None]) * K + offs_k[None, :],
-                                   mask=(offs_f < HALF)[:, None] & (offs_k < K)[None, :] & folding, other=0.0)
-                    S = tl.dot(pending_corrections, fold, S.to(tl.float32) * decay[None, :],
-                               input_precision=DOT_PRECISION).to(S.dtype)
+                    S = fold_state_block(S, pending_corrections, fold_ptr + (pair * HALF + offs_f[:, None]) * K,
+                                         decay_ptr + pair * K, offs_f, offs_k, folding, K, HALF,
+                                         DOT_PRECISION).to(S.dtype)
                     tl.store(state_rows + offs_k[None, :], S, mask=mask_vk & folding)
                 operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < K)[:, None], other=0.0)
                 Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)

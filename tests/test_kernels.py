@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernels
+import kernels.launch
 import kernels.plan
 import kernels.reference as ref
 from kernels.buffers import CommitPlan
@@ -48,6 +49,21 @@ CONFIGS = [
     # key channels that do not fill the last column block, and an odd window
     pytest.param(2, 48, 32, 3, torch.float32, torch.float32, -5.0, True, False, id="k48-T3-partial-block"),
 ]
+
+
+@pytest.fixture(params=["fold-in-tile", "fold-operand-once"])
+def commit_design(request, monkeypatch):
+    """Each commit design in turn, whatever the batch (the pair count that picks one is moved)."""
+    once = request.param == "fold-operand-once"
+    monkeypatch.setattr(kernels.launch, "_OPERAND_ONCE_PAIRS", 0 if once else 1 << 30)
+    assert kernels.launch.commit_config(1, 1, 16, 16, 1).operand_once == once
+    return request.param
+
+
+def test_commit_design_follows_pair_count():
+    """K3 per TP8 rank (H=12): one launch up to B=42, the fold operand once from B=43."""
+    assert not kernels.launch.commit_config(42, 12, 128, 128, 8).operand_once
+    assert kernels.launch.commit_config(43, 12, 128, 128, 8).operand_once
 
 
 def output_matches(actual: torch.Tensor, expected: torch.Tensor, state_rounded: bool) -> bool:
@@ -125,7 +141,8 @@ def random_accepted(p: Problem, gen: random.Random) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("H,K,V,T,act,state_dtype,lower_bound,with_rec,large", CONFIGS)
-def test_stock_two_rounds_match_reference(device, H, K, V, T, act, state_dtype, lower_bound, with_rec, large):
+def test_stock_two_rounds_match_reference(device, commit_design, H, K, V, T, act, state_dtype, lower_bound, with_rec,
+                                         large):
     seed = fresh_seed()
     gen = random.Random(seed)
     p = make_problem(device, H=H, K=K, V=V, T=T, act=act, state_dtype=state_dtype,
@@ -159,7 +176,7 @@ def deferred_buffers(p, rows, device):
 
 
 @pytest.mark.parametrize("with_eager", [True, False])
-def test_deferred_two_rounds_match_reference(device, with_eager):
+def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     """flush, verify, plan, defer (+ commit of eager rows), twice, then a final flush."""
     seed = fresh_seed()
     gen = random.Random(seed)
@@ -351,7 +368,7 @@ def test_align_plan_block_boundaries(device):
         assert plan.boundary_recovery_lens.tolist() == [0, 3, 2, 0, 2]
 
 
-def test_align_commit_writes_final_and_boundary(device):
+def test_align_commit_writes_final_and_boundary(device, commit_design):
     seed = fresh_seed()
     T, bs = 4, 4
     p = make_problem(device, H=2, K=32, V=32, T=T, act=torch.float32, state_dtype=torch.float32,
