@@ -6,10 +6,10 @@ pairs (``kernels.launch.commit_config``):
 
 - few pairs, one launch: ``_fold_in_tile_kernel``, one program per (V-tile, row, head),
   rebuilds each block of ``F`` from the records beside the state block, in every V-tile;
-- many pairs, two launches: ``_fold_operand_kernel``, one program per (row, head), writes
-  ``F`` of the commit length (operand 0) and, on rows with a boundary slot, of the recovery
-  length (operand 1) once; then ``_fold_state_kernel`` walks each state tile in blocks of key
-  channels (loads pipelined) and stores each block folded.
+- many pairs, two launches: ``_fold_operand_kernel``, one program per (row, head, block of
+  key channels), writes ``F`` of the commit length (operand 0) and, on rows with a boundary
+  slot, of the recovery length (operand 1) once; then ``_fold_state_kernel`` walks each
+  state tile in blocks of key channels (loads pipelined) and stores each block folded.
 
 Rows with a boundary slot take both folds from one read of each block (the boundary slot may
 be the source), in narrower blocks of ``BOUNDARY_BKK`` so that this rarer path does not set
@@ -34,8 +34,8 @@ from kernels.triton_math import fold_operand, inverse_norm, record_keys_and_gate
 def _commit_row(commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
                 boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id,
                 T: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr):
-    """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds, has_boundary,
-    recovery)``; nothing is folded unless ``folds``."""
+    """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds,
+    has_boundary, recovery)``; nothing is folded unless ``folds``."""
     n = tl.minimum(tl.load(commit_lens_ptr + b), T)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
@@ -133,17 +133,19 @@ def _fold_in_tile_kernel(
 
 @triton.jit
 def _fold_operand_kernel(
-    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, fold_scale_ptr, decay_ptr,
+    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, key_squares_ptr, decay_ptr,
     state_indices_ptr, record_indices_ptr, commit_lens_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
-    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr, PARTS: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
 ):
-    """Per (row, head): operand 0 folds the commit length, operand 1 (boundary rows only) the
-    recovery length; operand ``o`` of pair ``p`` is at ``o * operand_stride + p`` in units of
-    one pair's ``fold [BT, K]``, ``fold_scale [BT]`` and ``decay [K]``."""
+    """Per (row, head, block of ``BKK`` key channels): operand 0 folds the commit length,
+    operand 1 (boundary rows only) the recovery length. Operand ``o`` of pair ``p`` is at
+    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]``,
+    ``key_squares [PARTS, BT]`` (block ``part`` in row ``part``) and ``decay [K]``."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    part = tl.program_id(2)
     n, source, rec, folds, has_boundary, recovery = _commit_row(
         commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
@@ -154,23 +156,25 @@ def _fold_operand_kernel(
         A_h = tl.exp(tl.load(A_log_ptr + h))
         pair = (b * H + h).to(tl.int64)
         store_fold_operand(kg_rows, n, dt_bias_row, A_h, lower_bound, fold_ptr + (pair * BT + offs_t[:, None]) * K,
-                           fold_scale_ptr + pair * BT, decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
+                           key_squares_ptr + (pair * PARTS + part) * BT, decay_ptr + pair * K, part * BKK,
+                           K, BKK, BKK, BT, HAS_LOWER_BOUND)
         if has_boundary:
             pair += operand_stride
             store_fold_operand(kg_rows, recovery, dt_bias_row, A_h, lower_bound,
-                               fold_ptr + (pair * BT + offs_t[:, None]) * K, fold_scale_ptr + pair * BT,
-                               decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
+                               fold_ptr + (pair * BT + offs_t[:, None]) * K,
+                               key_squares_ptr + (pair * PARTS + part) * BT, decay_ptr + pair * K, part * BKK,
+                               K, BKK, BKK, BT, HAS_LOWER_BOUND)
 
 
 @triton.jit
 def _fold_state_kernel(
-    state_ptr, correction_ptr, fold_ptr, fold_scale_ptr, decay_ptr,
+    state_ptr, correction_ptr, fold_ptr, key_squares_ptr, decay_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    FOLD_DEPTH: tl.constexpr, PARTS: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Per (V-tile, row, head): the operands of ``_fold_operand_kernel`` applied to each block."""
@@ -188,7 +192,8 @@ def _fold_state_kernel(
         offs_f = tl.arange(0, FOLD_DEPTH)
         pair = (b * H + h).to(tl.int64)
         correction_cols = correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None]
-        corrections = scaled_corrections(correction_cols, fold_scale_ptr + pair * BT, offs_f, n, mask_v, BT)
+        corrections = scaled_corrections(correction_cols, key_squares_ptr + pair * PARTS * BT, offs_f, n, mask_v, BT,
+                                         PARTS)
         fold_rows = fold_ptr + (pair * BT + offs_f[:, None]) * K
         decay_row = decay_ptr + pair * K
         rows = (h * V + offs_v[:, None]) * K
@@ -199,8 +204,8 @@ def _fold_state_kernel(
             boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
             boundary_rows = state_ptr + boundary * (H * V * K) + rows
             recovered = pair + operand_stride
-            boundary_corrections = scaled_corrections(correction_cols, fold_scale_ptr + recovered * BT, offs_f,
-                                                      recovery, mask_v, BT)
+            boundary_corrections = scaled_corrections(correction_cols, key_squares_ptr + recovered * PARTS * BT,
+                                                      offs_f, recovery, mask_v, BT, PARTS)
             boundary_fold_rows = fold_ptr + (recovered * BT + offs_f[:, None]) * K
             for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
                 cols = c0 + tl.arange(0, BOUNDARY_BKK)
@@ -249,18 +254,21 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         )
         return
     f32 = dict(dtype=torch.float32, device=checkpoint_state.device)
-    fold = torch.empty((2, B, H, cfg.block_t, K), **f32)  # operand 0: the commit length; 1: the recovery length
-    fold_scale = torch.empty((2, B, H, cfg.block_t), **f32)
+    parts = triton.cdiv(K, cfg.operand_block_k)
+    # operand 0: the commit length; 1: the recovery length
+    fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
+    key_squares = torch.empty((2, B, H, parts, cfg.block_t), **f32)
     decay = torch.empty((2, B, H, K), **f32)
-    _fold_operand_kernel[(B, H)](
-        records.key_gate, A_log, dt_bias, lower, fold, fold_scale, decay, state_indices, record_indices,
+    _fold_operand_kernel[(B, H, parts)](
+        records.key_gate, A_log, dt_bias, lower, fold, key_squares, decay, state_indices, record_indices,
         plan.commit_lens, plan.boundary_state_indices, plan.boundary_recovery_lens,
         state_indices.stride(0), NULL_BLOCK_ID, B * H,
-        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
+        H=H, K=K, T=T, BKK=cfg.operand_block_k, BT=cfg.block_t, PARTS=parts,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         num_warps=cfg.operand_warps, num_stages=1,
     )
     _fold_state_kernel[state_grid](
-        checkpoint_state, records.correction, fold, fold_scale, decay, state_indices, record_indices, *plan_rows,
-        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
+        checkpoint_state, records.correction, fold, key_squares, decay, state_indices, record_indices, *plan_rows,
+        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, PARTS=parts,
+        **args,
     )

@@ -8,11 +8,14 @@ Folding a record row's first ``n`` tokens into a state ``S_0 [V, K]`` is one pro
 
 Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate.
 
-1. ``store_fold_operand``, once per (row, head): ``F_n`` with its rows unnormalised, the
-   rows' inverse key norms and the decay ``exp(sum_{t<n} g_t)``, to scratch buffers
-   (``fold [BT, K]``, ``fold_scale [BT]``, ``decay [K]`` per operand, float32).
-2. ``scaled_corrections`` once per state tile, then ``fold_state_block`` per block of key
-   channels: ``S_0 decay + (U diag(fold_scale)) F_n``, one split-precision product.
+1. ``store_fold_operand``, once per (row, head) and block of key channels: that block of
+   ``F_n`` with its rows unnormalised, its part of the sums of squares of the keys, and of
+   the decay ``exp(sum_{t<n} g_t)``, to scratch buffers (``fold [BT, K]``,
+   ``key_squares [PARTS, BT]``, ``decay [K]`` per operand, float32). Split over several
+   programs, the operand of a row is built by a short chain each.
+2. ``scaled_corrections`` once per state tile (``U diag(key norms)``), then
+   ``fold_state_block`` per block of key channels: ``S_0 decay + (U diag(norms)) F_n``, one
+   split-precision product.
 
 Records past ``n`` are masked out before they are read, so NaN there is inert.
 """
@@ -24,37 +27,42 @@ from kernels.triton_math import fold_operand, inverse_norm, record_keys_and_gate
 
 
 @triton.jit
-def store_fold_operand(kg_rows, count, dt_bias_row, A, lower_bound, fold_rows, fold_scale_row, decay_row,
-                       K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
+def store_fold_operand(kg_rows, count, dt_bias_row, A, lower_bound, fold_rows, key_squares_row, decay_row, k_first,
+                       K: tl.constexpr, CHANNELS: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
                        HAS_LOWER_BOUND: tl.constexpr):
-    """The fold operand of a record row's first ``count`` tokens, in one pass over the key
-    channels: ``F [BT, K]`` with rows unnormalised to ``fold_rows`` (``[BT, 1]`` row
-    pointers), their inverse key norms ``[BT]`` to ``fold_scale_row`` and
-    ``exp(sum_{t<count} g_t) [K]`` to ``decay_row``. ``kg_rows``: ``[BT, 1]`` pointers to
-    each token's raw key-and-gate record."""
+    """Key channels ``k_first`` to ``k_first + CHANNELS`` of the fold operand of a record
+    row's first ``count`` tokens, ``BKK`` at a time: ``F [BT, K]`` with rows unnormalised to
+    ``fold_rows`` (``[BT, 1]`` row pointers), the sums of squares of these channels of the
+    keys ``[BT]`` to ``key_squares_row`` and ``exp(sum_{t<count} g_t) [K]`` to
+    ``decay_row``. ``kg_rows``: ``[BT, 1]`` pointers to each token's raw key-and-gate record."""
     offs_t = tl.arange(0, BT)
     live = offs_t < count
-    sum_sq = tl.zeros((BT,), tl.float32)
-    for k0 in tl.static_range(0, BK, BKK):
-        offs_k = k0 + tl.arange(0, BKK)
+    squares = tl.zeros((BT,), tl.float32)
+    for k0 in tl.static_range(0, CHANNELS, BKK):
+        offs_k = k_first + k0 + tl.arange(0, BKK)
         mask_k = offs_k < K
         # keys unnormalised: F is linear in each row, scaled by its norm in scaled_corrections
         key, g = record_keys_and_gates(kg_rows, offs_k, live, 1.0, dt_bias_row, A, lower_bound, K, HAS_LOWER_BOUND)
-        sum_sq += sum_of_squares(key)
+        squares += sum_of_squares(key)
         decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, count, offs_t)
         tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
         tl.store(decay_row + offs_k, decay, mask=mask_k)
-    tl.store(fold_scale_row + offs_t, inverse_norm(sum_sq))
+    tl.store(key_squares_row + offs_t, squares)
 
 
 @triton.jit
-def scaled_corrections(correction_cols, fold_scale_row, offs_f, count, mask_v, BT: tl.constexpr):
-    """``U diag(fold_scale) [BV, FOLD_DEPTH]`` of the first ``count`` tokens, zero past them:
+def scaled_corrections(correction_cols, key_squares_row, offs_f, count, mask_v, BT: tl.constexpr,
+                       PARTS: tl.constexpr):
+    """``U diag(key norms) [BV, FOLD_DEPTH]`` of the first ``count`` tokens, zero past them:
     ``correction_cols [BV, FOLD_DEPTH]`` points at token ``f``'s correction in column ``f``
-    (``offs_f [FOLD_DEPTH]``, ``FOLD_DEPTH >= BT``), ``mask_v [BV, 1]`` the tile's rows."""
+    (``offs_f [FOLD_DEPTH]``, ``FOLD_DEPTH >= BT``), ``key_squares_row`` at the ``PARTS``
+    parts ``[PARTS, BT]`` of the keys' sums of squares, ``mask_v [BV, 1]`` the tile's rows."""
     live = (offs_f < count) & (offs_f < BT)
+    squares = tl.zeros(offs_f.shape, tl.float32)
+    for part in tl.static_range(PARTS):
+        squares += tl.load(key_squares_row + part * BT + offs_f, mask=live, other=0.0)
     U = tl.load(correction_cols, mask=mask_v & live[None, :], other=0.0)
-    return U * tl.load(fold_scale_row + offs_f, mask=live, other=0.0)[None, :]
+    return U * tl.where(live, inverse_norm(squares), 0.0)[None, :]
 
 
 @triton.jit

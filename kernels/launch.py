@@ -17,9 +17,12 @@ _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 
 _FEW_WINDOW_PROGRAMS = 256  # (row, head) pairs up to which two warps per key-side program win
 
-_OPERAND_ONCE_PAIRS = 512
+_OPERAND_ONCE_PAIRS = 128
 """(row, head) pairs from which the commit builds each fold operand once, in a launch of its
-own (H200, H=12: 4 % slower at B=32, 4 % faster at B=64, 11 % at B=256)."""
+own (H200, H=12, T=8: as fast at B=4 and 8, 8 % faster at B=12, 10 % at B=256)."""
+
+_WIDE_OPERAND_PAIRS = 512
+"""(row, head) pairs from which a fold-operand program takes 64 key channels, not 32."""
 
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
@@ -52,7 +55,7 @@ class VerifyConfig:
 @dataclass(frozen=True)
 class CommitConfig:
     """``operand_once``: the fold operands are built once per (row, head) by a kernel of their
-    own, ``block_t`` rows (tokens) each, with ``operand_block_k`` key channels a step on
+    own, ``block_t`` rows (tokens) each, one program per ``operand_block_k`` key channels on
     ``operand_warps`` warps; otherwise each V-tile rebuilds them. ``block_kk``: state columns
     (key channels) per step, ``boundary_block_kk`` on rows that also write a boundary slot;
     ``stages``: loads in flight."""
@@ -106,7 +109,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
         block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),
-        operand_block_k=min(32, block_k),
+        operand_block_k=min(64 if batch * heads >= _WIDE_OPERAND_PAIRS else 32, block_k),
         operand_warps=1,
         block_kk=min(32, block_k),
         boundary_block_kk=min(_DOT_MIN, block_k),

@@ -107,7 +107,7 @@ def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.co
 @triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, fold_scale_ptr, decay_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, key_squares_ptr, decay_ptr,
     pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
@@ -147,8 +147,8 @@ def _window_kernel(
             if pending > 0:
                 pair = (b * H + h).to(tl.int64)
                 store_fold_operand(kg_rows, pending, dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
-                              fold_ptr + (pair * BT + offs_t[:, None]) * K, fold_scale_ptr + pair * BT,
-                              decay_ptr + pair * K, K, BK, BKK, BT, HAS_LOWER_BOUND)
+                              fold_ptr + (pair * BT + offs_t[:, None]) * K, key_squares_ptr + pair * BT,
+                              decay_ptr + pair * K, 0, K, BK, BKK, BT, HAS_LOWER_BOUND)
                 tl.debug_barrier()  # every lane has read the old records before any is overwritten
             if owned & (length > 0):
                 tok = start + offs_t[:, None]
@@ -234,7 +234,7 @@ def _window_kernel(
 @triton.jit
 def _state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
-    fold_ptr, fold_scale_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
+    fold_ptr, key_squares_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
@@ -281,7 +281,7 @@ def _state_kernel(
                 offs_f = tl.arange(0, FOLD_DEPTH)
                 pending_corrections = scaled_corrections(
                     correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None],
-                    fold_scale_ptr + pair * HALF, offs_f, pending, mask_v, HALF)
+                    key_squares_ptr + pair * HALF, offs_f, pending, mask_v, HALF, 1)
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
@@ -325,12 +325,12 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
                  plan.boundary_recovery_lens) if flush else (None,) * 4
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
-    fold_scale = torch.empty((B, H, cfg.block_t) if flush else (1,), **f32)
+    key_squares = torch.empty((B, H, cfg.block_t) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     has_rec = record_indices is not None
     _window_kernel[(B, H, 2 if flush else 1)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        records.key_gate, operand, row_scale, mix, fold, fold_scale, decay, pending, *plan_rows,
+        records.key_gate, operand, row_scale, mix, fold, key_squares, decay, pending, *plan_rows,
         query_start_loc, state_indices, record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
@@ -339,7 +339,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         num_warps=cfg.window_warps, num_stages=1, maxnreg=cfg.window_max_registers,
     )
     _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
-        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, fold_scale, decay,
+        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, key_squares, decay,
         pending, plan_rows[0],
         query_start_loc, state_indices, record_indices,
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,

@@ -51,19 +51,23 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(params=["fold-in-tile", "fold-operand-once"])
+@pytest.fixture(params=["fold-in-tile", "fold-operand-once", "fold-operand-once-wide"])
 def commit_design(request, monkeypatch):
-    """Each commit design in turn, whatever the batch (the pair count that picks one is moved)."""
-    once = request.param == "fold-operand-once"
+    """Each commit design in turn, whatever the batch (the pair counts that pick one are
+    moved): one launch; fold operands once, by programs of 32 key channels; of 64."""
+    once = request.param != "fold-in-tile"
+    wide = request.param.endswith("wide")
     monkeypatch.setattr(kernels.launch, "_OPERAND_ONCE_PAIRS", 0 if once else 1 << 30)
-    assert kernels.launch.commit_config(1, 1, 16, 16, 1).operand_once == once
+    monkeypatch.setattr(kernels.launch, "_WIDE_OPERAND_PAIRS", 0 if wide else 1 << 30)
+    cfg = kernels.launch.commit_config(1, 1, 128, 128, 1)
+    assert (cfg.operand_once, cfg.operand_block_k) == (once, 64 if wide else 32)
     return request.param
 
 
 def test_commit_design_follows_pair_count():
-    """K3 per TP8 rank (H=12): one launch up to B=42, the fold operand once from B=43."""
-    assert not kernels.launch.commit_config(42, 12, 128, 128, 8).operand_once
-    assert kernels.launch.commit_config(43, 12, 128, 128, 8).operand_once
+    """K3 per TP8 rank (H=12): one launch up to B=10, the fold operand once from B=11."""
+    assert not kernels.launch.commit_config(10, 12, 128, 128, 8).operand_once
+    assert kernels.launch.commit_config(11, 12, 128, 128, 8).operand_once
 
 
 def output_matches(actual: torch.Tensor, expected: torch.Tensor, state_rounded: bool) -> bool:
