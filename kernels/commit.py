@@ -25,9 +25,9 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
-from kernels.fold import fold_state_block, scaled_corrections, store_fold_operand
+from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import fold_operand, inverse_norm, record_keys_and_gates, record_row, sum_of_squares
+from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
 
 
 @triton.jit
@@ -93,12 +93,7 @@ def _fold_in_tile_kernel(
         live = offs_t < n
         first = (rec * H + h) * T
         kg_rows = key_gate_ptr + (first + offs_t[:, None]) * (2 * K)
-        key_sq = tl.zeros((BT,), tl.float32)
-        for n0 in tl.static_range(0, BK, BKK):
-            norm_cols = n0 + tl.arange(0, BKK)
-            key_sq += sum_of_squares(tl.load(kg_rows + norm_cols[None, :],
-                                             mask=live[:, None] & (norm_cols < K)[None, :], other=0.0))
-        key_scale = inverse_norm(key_sq)[:, None]
+        key_scale = record_key_inverse_norms(kg_rows, live, K, BK, BKK)
         U = tl.load(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None],
                     mask=mask_v[:, None] & live[None, :], other=0.0)
         A_h = tl.exp(tl.load(A_log_ptr + h))
@@ -133,16 +128,15 @@ def _fold_in_tile_kernel(
 
 @triton.jit
 def _fold_operand_kernel(
-    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, key_squares_ptr, decay_ptr,
+    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr,
     state_indices_ptr, record_indices_ptr, commit_lens_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
-    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr, PARTS: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
 ):
     """Per (row, head, block of ``BKK`` key channels): operand 0 folds the commit length,
     operand 1 (boundary rows only) the recovery length. Operand ``o`` of pair ``p`` is at
-    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]``,
-    ``key_squares [PARTS, BT]`` (block ``part`` in row ``part``) and ``decay [K]``."""
+    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     part = tl.program_id(2)
@@ -156,25 +150,23 @@ def _fold_operand_kernel(
         A_h = tl.exp(tl.load(A_log_ptr + h))
         pair = (b * H + h).to(tl.int64)
         store_fold_operand(kg_rows, n, dt_bias_row, A_h, lower_bound, fold_ptr + (pair * BT + offs_t[:, None]) * K,
-                           key_squares_ptr + (pair * PARTS + part) * BT, decay_ptr + pair * K, part * BKK,
-                           K, BKK, BKK, BT, HAS_LOWER_BOUND)
+                           decay_ptr + pair * K, part * BKK, K, BK, BKK, BKK, BT, HAS_LOWER_BOUND)
         if has_boundary:
             pair += operand_stride
             store_fold_operand(kg_rows, recovery, dt_bias_row, A_h, lower_bound,
-                               fold_ptr + (pair * BT + offs_t[:, None]) * K,
-                               key_squares_ptr + (pair * PARTS + part) * BT, decay_ptr + pair * K, part * BKK,
-                               K, BKK, BKK, BT, HAS_LOWER_BOUND)
+                               fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, part * BKK,
+                               K, BK, BKK, BKK, BT, HAS_LOWER_BOUND)
 
 
 @triton.jit
 def _fold_state_kernel(
-    state_ptr, correction_ptr, fold_ptr, key_squares_ptr, decay_ptr,
+    state_ptr, correction_ptr, fold_ptr, decay_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-    FOLD_DEPTH: tl.constexpr, PARTS: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Per (V-tile, row, head): the operands of ``_fold_operand_kernel`` applied to each block."""
@@ -192,8 +184,7 @@ def _fold_state_kernel(
         offs_f = tl.arange(0, FOLD_DEPTH)
         pair = (b * H + h).to(tl.int64)
         correction_cols = correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None]
-        corrections = scaled_corrections(correction_cols, key_squares_ptr + pair * PARTS * BT, offs_f, n, mask_v, BT,
-                                         PARTS)
+        corrections = recorded_corrections(correction_cols, offs_f, n, mask_v)
         fold_rows = fold_ptr + (pair * BT + offs_f[:, None]) * K
         decay_row = decay_ptr + pair * K
         rows = (h * V + offs_v[:, None]) * K
@@ -204,8 +195,7 @@ def _fold_state_kernel(
             boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
             boundary_rows = state_ptr + boundary * (H * V * K) + rows
             recovered = pair + operand_stride
-            boundary_corrections = scaled_corrections(correction_cols, key_squares_ptr + recovered * PARTS * BT,
-                                                      offs_f, recovery, mask_v, BT, PARTS)
+            boundary_corrections = recorded_corrections(correction_cols, offs_f, recovery, mask_v)
             boundary_fold_rows = fold_ptr + (recovered * BT + offs_f[:, None]) * K
             for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
                 cols = c0 + tl.arange(0, BOUNDARY_BKK)
@@ -257,18 +247,16 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     parts = triton.cdiv(K, cfg.operand_block_k)
     # operand 0: the commit length; 1: the recovery length
     fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
-    key_squares = torch.empty((2, B, H, parts, cfg.block_t), **f32)
     decay = torch.empty((2, B, H, K), **f32)
     _fold_operand_kernel[(B, H, parts)](
-        records.key_gate, A_log, dt_bias, lower, fold, key_squares, decay, state_indices, record_indices,
+        records.key_gate, A_log, dt_bias, lower, fold, decay, state_indices, record_indices,
         plan.commit_lens, plan.boundary_state_indices, plan.boundary_recovery_lens,
         state_indices.stride(0), NULL_BLOCK_ID, B * H,
-        H=H, K=K, T=T, BKK=cfg.operand_block_k, BT=cfg.block_t, PARTS=parts,
+        H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         num_warps=cfg.operand_warps, num_stages=1,
     )
     _fold_state_kernel[state_grid](
-        checkpoint_state, records.correction, fold, key_squares, decay, state_indices, record_indices, *plan_rows,
-        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, PARTS=parts,
-        **args,
+        checkpoint_state, records.correction, fold, decay, state_indices, record_indices, *plan_rows,
+        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
     )

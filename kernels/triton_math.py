@@ -56,6 +56,19 @@ def window_keys_and_gates(k_raw, g_raw, key_inverse_norm, live, dt_bias, A, lowe
 
 
 @triton.jit
+def record_key_inverse_norms(kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
+    """``inverse_norm`` of each recorded key, ``[BT, 1]``, summed over ``BK`` channels ``BKK``
+    at a time; ``kg_rows [BT, 1]`` points at each token's raw key-and-gate record, rows where
+    ``live [BT]`` is false are not read."""
+    squares = tl.zeros(live.shape, tl.float32)
+    for k0 in tl.static_range(0, BK, BKK):
+        offs_k = k0 + tl.arange(0, BKK)
+        squares += sum_of_squares(tl.load(kg_rows + offs_k[None, :], mask=live[:, None] & (offs_k < K)[None, :],
+                                          other=0.0))
+    return inverse_norm(squares)[:, None]
+
+
+@triton.jit
 def record_keys_and_gates(kg_rows, offs_k, live, key_inverse_norm, dt_bias_row, A, lower_bound,
                           K: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
     """``window_keys_and_gates`` of key channels ``offs_k [BKK]`` read back from key records:

@@ -22,11 +22,11 @@ Both walk the key channels in blocks (the state kernel as a pipelined loop of pr
 so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many
 programs run per SM with their state reads overlapping.
 
-``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: the key side also
-builds each row's fold operand of its pending records in the same pass (the commit's ``F``
-and decay, each block read before this window's records overwrite it), and the state kernel folds each state
-block with it, stores the block in place and takes the window's products from it, so a
-deferred step reads each slot once.
+``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: a second key-side
+program per (row, head) builds the fold operand of the row's pending records
+(``kernels.fold``), before this window's records overwrite them, and the state kernel folds
+each state block with it, stores the block in place and takes the window's products from
+it, so a deferred step reads each slot once.
 
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
 is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
@@ -42,7 +42,7 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
-from kernels.fold import fold_state_block, scaled_corrections, store_fold_operand
+from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
 from kernels.triton_math import (
@@ -107,7 +107,7 @@ def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.co
 @triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, key_squares_ptr, decay_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr,
     pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
@@ -147,8 +147,8 @@ def _window_kernel(
             if pending > 0:
                 pair = (b * H + h).to(tl.int64)
                 store_fold_operand(kg_rows, pending, dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
-                              fold_ptr + (pair * BT + offs_t[:, None]) * K, key_squares_ptr + pair * BT,
-                              decay_ptr + pair * K, 0, K, BK, BKK, BT, HAS_LOWER_BOUND)
+                                   fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, 0,
+                                   K, BK, BK, BKK, BT, HAS_LOWER_BOUND)
                 tl.debug_barrier()  # every lane has read the old records before any is overwritten
             if owned & (length > 0):
                 tok = start + offs_t[:, None]
@@ -234,7 +234,7 @@ def _window_kernel(
 @triton.jit
 def _state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
-    fold_ptr, key_squares_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
+    fold_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
@@ -279,9 +279,9 @@ def _state_kernel(
             if FLUSH:
                 folding = pending > 0
                 offs_f = tl.arange(0, FOLD_DEPTH)
-                pending_corrections = scaled_corrections(
-                    correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None],
-                    key_squares_ptr + pair * HALF, offs_f, pending, mask_v, HALF, 1)
+                pending_corrections = recorded_corrections(
+                    correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None], offs_f, pending,
+                    mask_v)
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
@@ -325,12 +325,11 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
                  plan.boundary_recovery_lens) if flush else (None,) * 4
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
-    key_squares = torch.empty((B, H, cfg.block_t) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     has_rec = record_indices is not None
     _window_kernel[(B, H, 2 if flush else 1)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        records.key_gate, operand, row_scale, mix, fold, key_squares, decay, pending, *plan_rows,
+        records.key_gate, operand, row_scale, mix, fold, decay, pending, *plan_rows,
         query_start_loc, state_indices, record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
@@ -339,7 +338,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         num_warps=cfg.window_warps, num_stages=1, maxnreg=cfg.window_max_registers,
     )
     _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
-        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, key_squares, decay,
+        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, decay,
         pending, plan_rows[0],
         query_start_loc, state_indices, record_indices,
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
