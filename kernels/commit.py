@@ -31,17 +31,24 @@ from kernels.triton_math import fold_operand, record_key_inverse_norms, record_k
 
 
 @triton.jit
-def _commit_row(commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
-                boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id,
+def _commit_row(commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr,
+                boundary_state_indices_ptr, boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id,
                 T: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr):
     """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds,
-    has_boundary, recovery)``; nothing is folded unless ``folds``."""
+    final, has_boundary, recovery)``, slots int64; nothing is folded unless ``folds``."""
     n = tl.minimum(tl.load(commit_lens_ptr + b), T)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     recovery = tl.load(boundary_recovery_lens_ptr + b)
     has_boundary = (tl.load(boundary_state_indices_ptr + b) > null_block_id) & (recovery > 0) & (recovery <= n)
-    return n, source, rec, (n > 0) & (source > null_block_id) & (rec >= 0), has_boundary, recovery
+    final = tl.load(final_state_indices_ptr + b).to(tl.int64)
+    return n, source, rec, (n > 0) & (source > null_block_id) & (rec >= 0), final, has_boundary, recovery
+
+
+@triton.jit
+def _slot_tile(state_ptr, slot, h, offs_v, H: tl.constexpr, V: tl.constexpr, K: tl.constexpr):
+    """``[BV, 1]`` pointers to rows ``offs_v`` of head ``h`` of checkpoint slot ``slot``."""
+    return state_ptr + slot * (H * V * K) + (h * V + offs_v[:, None]) * K
 
 
 # One launch, for few (row, head) pairs.
@@ -81,10 +88,9 @@ def _fold_in_tile_kernel(
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    n, source, rec, folds, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+    n, source, rec, folds, final, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
-    final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     has_final = final > null_block_id
     if folds:
         offs_t = tl.arange(0, BT)
@@ -98,12 +104,12 @@ def _fold_in_tile_kernel(
                     mask=mask_v[:, None] & live[None, :], other=0.0)
         A_h = tl.exp(tl.load(A_log_ptr + h))
         dt_bias_row = dt_bias_ptr + h * K
-        rows = (h * V + offs_v[:, None]) * K
-        source_rows = state_ptr + source * (H * V * K) + rows
-        final_rows = state_ptr + final * (H * V * K) + rows
+        source_rows = _slot_tile(state_ptr, source, h, offs_v, H, V, K)
+        final_rows = _slot_tile(state_ptr, final, h, offs_v, H, V, K)
         dtype = state_ptr.dtype.element_ty
         if has_boundary:
-            boundary_rows = state_ptr + tl.load(boundary_state_indices_ptr + b).to(tl.int64) * (H * V * K) + rows
+            boundary_rows = _slot_tile(state_ptr, tl.load(boundary_state_indices_ptr + b).to(tl.int64), h, offs_v,
+                                       H, V, K)
             for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
                 cols = c0 + tl.arange(0, BOUNDARY_BKK)
                 S_c, key_c, g_c = _column_block(source_rows, kg_rows, dt_bias_row, cols, mask_v, live, key_scale, A_h,
@@ -129,7 +135,8 @@ def _fold_in_tile_kernel(
 @triton.jit
 def _fold_operand_kernel(
     key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr,
-    state_indices_ptr, record_indices_ptr, commit_lens_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    state_indices_ptr, record_indices_ptr,
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
@@ -140,8 +147,8 @@ def _fold_operand_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     part = tl.program_id(2)
-    n, source, rec, folds, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+    n, source, rec, folds, final, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
     if folds:
         offs_t = tl.arange(0, BT)
@@ -173,10 +180,9 @@ def _fold_state_kernel(
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    n, source, rec, folds, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, boundary_state_indices_ptr,
+    n, source, rec, folds, final, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
-    final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     has_final = final > null_block_id
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
@@ -187,13 +193,12 @@ def _fold_state_kernel(
         corrections = recorded_corrections(correction_cols, offs_f, n, mask_v)
         fold_rows = fold_ptr + (pair * BT + offs_f[:, None]) * K
         decay_row = decay_ptr + pair * K
-        rows = (h * V + offs_v[:, None]) * K
-        source_rows = state_ptr + source * (H * V * K) + rows
-        final_rows = state_ptr + final * (H * V * K) + rows
+        source_rows = _slot_tile(state_ptr, source, h, offs_v, H, V, K)
+        final_rows = _slot_tile(state_ptr, final, h, offs_v, H, V, K)
         dtype = state_ptr.dtype.element_ty
         if has_boundary:
-            boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
-            boundary_rows = state_ptr + boundary * (H * V * K) + rows
+            boundary_rows = _slot_tile(state_ptr, tl.load(boundary_state_indices_ptr + b).to(tl.int64), h, offs_v,
+                                       H, V, K)
             recovered = pair + operand_stride
             boundary_corrections = recorded_corrections(correction_cols, offs_f, recovery, mask_v)
             boundary_fold_rows = fold_ptr + (recovered * BT + offs_f[:, None]) * K
@@ -250,8 +255,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     decay = torch.empty((2, B, H, K), **f32)
     _fold_operand_kernel[(B, H, parts)](
         records.key_gate, A_log, dt_bias, lower, fold, decay, state_indices, record_indices,
-        plan.commit_lens, plan.boundary_state_indices, plan.boundary_recovery_lens,
-        state_indices.stride(0), NULL_BLOCK_ID, B * H,
+        *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         num_warps=cfg.operand_warps, num_stages=1,
