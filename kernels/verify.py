@@ -282,6 +282,9 @@ def _state_kernel(
                 pending_corrections = recorded_corrections(
                     correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None], offs_f, pending,
                     mask_v)
+                window_k = tl.where(length > 0, K, 0)  # a row without tokens has no operand written
+            else:
+                window_k = K
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
@@ -294,7 +297,7 @@ def _state_kernel(
                                          decay_ptr + pair * K, offs_f, offs_k, folding, K, HALF,
                                          DOT_PRECISION).to(S.dtype)
                     tl.store(state_rows + offs_k[None, :], S, mask=mask_vk & folding)
-                operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < K)[:, None], other=0.0)
+                operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < window_k)[:, None], other=0.0)
                 Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
             if length > 0:
                 Y = Y * tl.load(row_scale_ptr + pair * BM + offs_c)[None, :]
