@@ -100,8 +100,8 @@ def _fold_in_tile_kernel(
         first = (rec * H + h) * T
         kg_rows = key_gate_ptr + (first + offs_t[:, None]) * (2 * K)
         key_scale = record_key_inverse_norms(kg_rows, live, K, BK, BKK)
-        U = tl.load(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None],
-                    mask=mask_v[:, None] & live[None, :], other=0.0)
+        U = recorded_corrections(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None], offs_t, n,
+                                 mask_v[:, None])
         A_h = tl.exp(tl.load(A_log_ptr + h))
         dt_bias_row = dt_bias_ptr + h * K
         source_rows = _slot_tile(state_ptr, source, h, offs_v, H, V, K)

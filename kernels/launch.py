@@ -28,6 +28,12 @@ _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
 
 
+def fold_depth(block_t: int) -> int:
+    """Inner dimension of a fold's product ``U F`` over ``block_t`` token rows: at least what
+    ``tl.dot`` takes."""
+    return max(_DOT_MIN, block_t)
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``window_block_k``,
@@ -51,6 +57,11 @@ class VerifyConfig:
         """Rows of the stacked window operand ``[W; P]``: ``block_t`` each."""
         return 2 * self.block_t
 
+    @property
+    def fold_depth(self) -> int:
+        """Inner dimension of the flush's fold product (``fold_depth``)."""
+        return fold_depth(self.block_t)
+
 
 @dataclass(frozen=True)
 class CommitConfig:
@@ -73,8 +84,8 @@ class CommitConfig:
 
     @property
     def fold_depth(self) -> int:
-        """Inner dimension of the fold's product: ``block_t``, at least what ``tl.dot`` takes."""
-        return max(_DOT_MIN, self.block_t)
+        """Inner dimension of the fold's product (``fold_depth``)."""
+        return fold_depth(self.block_t)
 
 
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,

@@ -346,7 +346,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         query_start_loc, state_indices, record_indices,
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
-        FOLD_DEPTH=max(16, cfg.block_t), STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,
+        FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,
         DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.state_max_registers,
     )
 
