@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, in one call: kernel tests compiled (`pytest -m gpu`), `kda bench` over the
-# k3-tp8 preset at T=8 and T=4 and over the sample trace, then a k3-tp8 trace of 64
+# k3-tp8 preset at T=8 and T=4, against plain stream order (no dependent launch) at T=8, and
+# over the sample trace, then a k3-tp8 trace of 64
 # requests synthesised and replayed through the Triton kernels and the reference.
 # Runs from a plain checkout (kda need not be installed). Results go to $OUT (default
 # benchmarks/results): at most eight files, the JSON runs and the logs; tables on stdout.
@@ -35,6 +36,9 @@ python3 -m pytest -m gpu -q 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 5
 step bench-T8 kda bench --spec-len 8 --save "$OUT/bench-k3-tp8-T8.json" ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-T4 kda bench --spec-len 4 --save "$OUT/bench-k3-tp8-T4.json" ${BENCH_ARGS:-}
+# shellcheck disable=SC2086
+step bench-dependent kda bench --spec-len 8 --ops verify,commit,step-stock,step-deferred \
+    --impl triton,benchmarks/plain_order_impl.py --save "$OUT/bench-dependent-launch.json" ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-trace kda bench --trace traces/samples/k3-tp8-sample.safetensors \
     --save "$OUT/bench-trace-sample.json" ${BENCH_ARGS:-} > "$LOGS/bench-trace.txt"

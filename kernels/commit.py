@@ -25,6 +25,7 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
+from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
 from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
@@ -82,9 +83,11 @@ def _fold_in_tile_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, row, head): each block of the fold operand rebuilt beside its state block."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -139,11 +142,13 @@ def _fold_operand_kernel(
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (row, head, block of ``BKK`` key channels): operand 0 folds the commit length,
     operand 1 (boundary rows only) the recovery length. Operand ``o`` of pair ``p`` is at
     ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     b = tl.program_id(0)
     h = tl.program_id(1)
     part = tl.program_id(2)
@@ -174,9 +179,11 @@ def _fold_state_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, row, head): the operands of ``_fold_operand_kernel`` applied to each block."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -235,10 +242,11 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     T = records.spec_query_len
     cfg = commit_config(B, H, K, V, T)
     has_rec = record_indices is not None
+    dependent = dependent_launch(checkpoint_state.device)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
     args = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BOUNDARY_BKK=cfg.boundary_block_kk,
                 BV=cfg.block_v, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, DOT_PRECISION=DOT_PRECISION,
-                num_warps=cfg.num_warps, num_stages=1)
+                **dependent, num_warps=cfg.num_warps, num_stages=1)
     state_grid = (triton.cdiv(V, cfg.block_v), B, H)
     lower = 0.0 if lower_bound is None else float(lower_bound)
     if not cfg.operand_once:
@@ -258,7 +266,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
-        num_warps=cfg.operand_warps, num_stages=1,
+        **dependent, num_warps=cfg.operand_warps, num_stages=1,
     )
     _fold_state_kernel[state_grid](
         checkpoint_state, records.correction, fold, decay, state_indices, record_indices, *plan_rows,

@@ -39,7 +39,9 @@ class VerifyConfig:
     """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``window_block_k``,
     ``state_block_k``: key channels per step of the key-side and the state kernel;
     ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program;
-    ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice)."""
+    ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice);
+    ``window_release``: where a key-side program lets the state kernel launch under dependent
+    launch, ``"start"``, ``"end"`` or ``"exit"``."""
 
     block_k: int
     block_v: int
@@ -51,6 +53,7 @@ class VerifyConfig:
     window_warps: int
     window_max_registers: int | None
     state_max_registers: int | None
+    window_release: str
 
     @property
     def block_m(self) -> int:
@@ -88,6 +91,20 @@ class CommitConfig:
         return fold_depth(self.block_t)
 
 
+def _window_release(pairs: int, flush: bool) -> str:
+    """Where a key-side program releases the state kernel (``kernels.dependent_launch``).
+    State programs released early sit on the SMs beside the key side, which is a serial chain;
+    measured on the H200 (T=8, each against plain stream order in the same run): with few
+    programs, releasing at the start takes verify from 13.8 to 12.6 us at B=1 and from 15.4 to
+    14.1 at B=8, but at B=64 it makes verify slower (37.1 against 34.8), where releasing only as
+    programs exit does not (34.3 against 34.7); the flushing key side, released at its start,
+    made the deferred step slower at B=8 (26.1 against 22.0) and, released at its end, faster
+    (20.0 against 21.8)."""
+    if flush:
+        return "end"
+    return "start" if pairs <= _FEW_WINDOW_PROGRAMS else "exit"
+
+
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
                   flush: bool = False) -> VerifyConfig:
     """``flush``: the state kernel also folds pending records and stores each block, the
@@ -110,6 +127,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         # H200: flush-verify 5 % faster at B=256, 1-3 % slower at B=32-128.
         window_max_registers=128 if flush else None,
         state_max_registers=168 if flush else None,
+        window_release=_window_release(batch * heads, flush),
     )
 
 

@@ -13,6 +13,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.commit import kda_recoverssm_commit
 from kernels.contract import check_pending_args, check_plan_args
+from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 
 _PLAN_BLOCK = 128
 
@@ -22,8 +23,10 @@ def _commit_plan_kernel(
     num_accepted_ptr, query_start_loc_ptr, state_indices_ptr, block_table_ptr, num_computed_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     batch, stride_state_indices, stride_block_table, block_table_width, block_size, null_block_id,
-    SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+    SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = rows < batch
     accepted = tl.load(num_accepted_ptr + rows, mask=in_batch, other=0)
@@ -56,8 +59,11 @@ def _commit_plan_kernel(
 @triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
 @triton.jit
 def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
-                         batch, null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr, BLOCK: tl.constexpr):
+                         batch, null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr, BLOCK: tl.constexpr,
+                         DEPENDENT: tl.constexpr):
     """``BLOCK`` rows a program: hand each non-eager row's commit length to ``pending``."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = rows < batch
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
@@ -91,8 +97,10 @@ def store_flush_plan(rows, mask, slot, count, commit_lens_ptr, final_state_indic
 def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                                final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
                                batch, null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr,
-                               BLOCK: tl.constexpr):
+                               BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
     """``BLOCK`` rows a program: plan an in-place fold of each row's pending count, and consume it."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = rows < batch
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
@@ -123,7 +131,7 @@ def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_i
         rows.commit_lens, rows.final_state_indices, rows.boundary_state_indices, rows.boundary_recovery_lens,
         B, state_indices.stride(0), block_table.stride(0) if align else 0,
         block_table.shape[1] if align else 0, block_size if align else 1, NULL_BLOCK_ID,
-        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, ALIGN=align,
+        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, ALIGN=align, **dependent_launch(state_indices.device),
     )
     return rows
 
@@ -137,7 +145,7 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
         return
     _defer_commit_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         state_indices, plan.commit_lens, record_rows, pending, eager, B, NULL_BLOCK_ID, state_indices.stride(0),
-        BLOCK=_PLAN_BLOCK,
+        BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),
     )
 
 
@@ -149,7 +157,7 @@ def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, s
     _prepare_flush_plan_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
         plan.boundary_state_indices, plan.boundary_recovery_lens, B, NULL_BLOCK_ID, state_indices.stride(0),
-        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK,
+        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),
     )
 
 

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
+from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
@@ -113,7 +114,8 @@ def _window_kernel(
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
+    RELEASE: tl.constexpr,
 ):
     """Per (row, head): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
     ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
@@ -127,7 +129,13 @@ def _window_kernel(
     that owns the key records: it writes the flush plan's row ``b`` (head 0; the count stays
     in ``pending`` for the state kernel to consume), the fold operand of the row's pending
     records (``store_fold_operand``), then overwrites those records with the window's.
+
+    ``RELEASE``: where a program lets the state kernel launch (``kernels.dependent_launch``):
+    ``"start"``, ``"end"`` of its work, or ``"exit"``.
     """
+    await_prior_grid(DEPENDENT)
+    if RELEASE == "start":
+        release_next_grid(DEPENDENT)
     b = tl.program_id(0)
     h = tl.program_id(1)
 
@@ -229,6 +237,8 @@ def _window_kernel(
         expand = tl.where(cols < BT, (rows == cols).to(tl.float32), C_t)
         mix = tl.dot(L, expand, input_precision=DOT_PRECISION) + ((rows >= BT) & (rows == cols)).to(tl.float32)
         tl.store(mix_ptr + (pair * 2 * BT + rows) * 2 * BT + cols, mix)
+    if RELEASE == "end":
+        release_next_grid(DEPENDENT)
 
 
 @triton.jit
@@ -240,6 +250,7 @@ def _state_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
     STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
@@ -248,6 +259,8 @@ def _state_kernel(
 
     With ``FLUSH``, each state block is first folded with the key side's fold operand and
     stored in place; one program of the row consumes its pending count."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -330,6 +343,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     has_rec = record_indices is not None
+    dependent = dependent_launch(v.device)
     _window_kernel[(B, H, 2 if flush else 1)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
         records.key_gate, operand, row_scale, mix, fold, decay, pending, *plan_rows,
@@ -338,7 +352,8 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         FACTORED=factored_window(lower_bound, T), FLUSH=flush, DOT_PRECISION=DOT_PRECISION,
-        num_warps=cfg.window_warps, num_stages=1, maxnreg=cfg.window_max_registers,
+        RELEASE=cfg.window_release, **dependent, num_warps=cfg.window_warps, num_stages=1,
+        maxnreg=cfg.window_max_registers,
     )
     _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
         v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, decay,
@@ -347,7 +362,8 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,
-        DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.state_max_registers,
+        DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps, num_stages=1,
+        maxnreg=cfg.state_max_registers,
     )
 
 

@@ -17,6 +17,7 @@ import kernels.launch
 import kernels.plan
 import kernels.reference as ref
 from kernels.buffers import CommitPlan
+from kernels.dependent_launch import dependent_launch
 from tests.kernel_problems import (
     Problem,
     float64_records,
@@ -26,6 +27,7 @@ from tests.kernel_problems import (
     standard_rows,
     within_rounding,
 )
+from traces import bench
 
 pytestmark = pytest.mark.gpu
 
@@ -516,3 +518,52 @@ def test_kimi_k3_shapes(device, T):
     ref.kda_recoverssm_commit(state64, records64, p.A_log, p.dt_bias, -5.0, p.state_indices, plan64,
                               record_indices=p.record_indices)
     check_states(p, p.state, state64, before, 1)
+
+
+def test_dependent_launch_only_on_cuda(monkeypatch):
+    assert dependent_launch(torch.device("cpu")) == {"DEPENDENT": False, "launch_pdl": False}
+    if torch.cuda.is_available():
+        monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "0")
+        assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": False, "launch_pdl": False}
+
+
+def _decode_steps(batch: int, dependent: bool, capture: bool, monkeypatch, seed: int) -> list[torch.Tensor]:
+    """Stock, deferred and stock steps over two layers of ``batch`` k3-tp8 rows (random accept
+    lengths); returns everything they write. ``capture``: run them as one CUDA graph."""
+    monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "1" if dependent else "0")
+    preset = bench.PRESETS["k3-tp8"]
+    counts = bench.accepted_counts("random", batch, preset.spec_len, seed)
+    w = bench.Workload(kernels, preset, torch.float32, batch, preset.spec_len, counts, 2, "cuda", seed)
+
+    def steps() -> None:
+        for name in ("step-stock", "step-deferred", "step-stock"):
+            w.run(name)
+
+    if capture:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            steps()
+        graph.replay()
+    else:
+        steps()
+    torch.cuda.synchronize()
+    return [w.pool, w.out, w.records.correction, w.records.key_gate, w.pending, w.plan_columns]
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("batch", [16, 64])  # the key side releases at its start, and as it exits
+def test_dependent_launch_keeps_stream_order(monkeypatch, batch):
+    """Kernels launched as dependents (each waits for the one ahead before touching memory)
+    write exactly what plain stream order writes, eagerly and in a CUDA graph."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("dependent launch needs compute capability 9.0")
+    monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "1")
+    assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": True, "launch_pdl": True}
+    assert kernels.launch.verify_config(batch, 12, 128, 128, 8).window_release == {16: "start", 64: "exit"}[batch]
+    seed = fresh_seed()
+    ordered = _decode_steps(batch, False, False, monkeypatch, seed)
+    eager = _decode_steps(batch, True, False, monkeypatch, seed)  # also compiles every kernel before capture
+    graphed = _decode_steps(batch, True, True, monkeypatch, seed)
+    assert torch.isfinite(ordered[0]).all() and ordered[1].abs().sum() > 0
+    for plain, dep, graph in zip(ordered, eager, graphed):
+        assert same_bits(dep, plain) and same_bits(graph, plain)
