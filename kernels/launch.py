@@ -93,13 +93,15 @@ class CommitConfig:
 
 def _window_release(pairs: int, flush: bool) -> str:
     """Where a key-side program releases the state kernel (``kernels.dependent_launch``).
-    State programs released early sit on the SMs beside the key side, which is a serial chain;
-    measured on the H200 (T=8, each against plain stream order in the same run): with few
-    programs, releasing at the start takes verify from 13.8 to 12.6 us at B=1 and from 15.4 to
-    14.1 at B=8, but at B=64 it makes verify slower (37.1 against 34.8), where releasing only as
-    programs exit does not (34.3 against 34.7); the flushing key side, released at its start,
-    made the deferred step slower at B=8 (26.1 against 22.0) and, released at its end, faster
-    (20.0 against 21.8)."""
+    State programs released early sit on the SMs beside the key side, a serial chain. Measured
+    on the H200 (T=8, against plain stream order in the same run; ``benchmarks/NOTES.md``):
+    released at its start, verify takes 12.6 us against 13.8 at B=1 and 14.2 against 15.4 at
+    B=8, but 37.0 against 34.7 at B=64, where releasing at its end is no better (37.3); the
+    flushing key side released at its start made the deferred step slower at B=8 (24.7 against
+    21.8) and released at its end faster (20.0). Above 256 pairs it releases only as its
+    programs exit, within 1 % of releasing at its start (B=64 and 256); verify at B=64 stays
+    7 % slower than plain order (37.4 against 34.8; the stock step 1 %), a loss from another
+    kernel's release, not profiled."""
     if flush:
         return "end"
     return "start" if pairs <= _FEW_WINDOW_PROGRAMS else "exit"
