@@ -161,13 +161,15 @@ def _fold_operand_kernel(
         dt_bias_row = dt_bias_ptr + h * K
         A_h = tl.exp(tl.load(A_log_ptr + h))
         pair = (b * H + h).to(tl.int64)
-        store_fold_operand(kg_rows, n, dt_bias_row, A_h, lower_bound, fold_ptr + (pair * BT + offs_t[:, None]) * K,
-                           decay_ptr + pair * K, part * BKK, K, BK, BKK, BKK, BT, HAS_LOWER_BOUND)
+        key_inverse_norm = record_key_inverse_norms(kg_rows, offs_t < n, K, BK, BKK)  # recovery <= n
+        store_fold_operand(kg_rows, n, key_inverse_norm, dt_bias_row, A_h, lower_bound,
+                           fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, part * BKK,
+                           K, BKK, BKK, BT, HAS_LOWER_BOUND)
         if has_boundary:
             pair += operand_stride
-            store_fold_operand(kg_rows, recovery, dt_bias_row, A_h, lower_bound,
+            store_fold_operand(kg_rows, recovery, key_inverse_norm, dt_bias_row, A_h, lower_bound,
                                fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, part * BKK,
-                               K, BK, BKK, BKK, BT, HAS_LOWER_BOUND)
+                               K, BKK, BKK, BT, HAS_LOWER_BOUND)
 
 
 @triton.jit

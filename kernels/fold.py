@@ -8,10 +8,11 @@ Folding a record row's first ``n`` tokens into a state ``S_0 [V, K]`` is one pro
 
 Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate.
 
-1. ``store_fold_operand``, once per (row, head) and block of key channels: that block of
-   ``F_n`` and of the decay ``exp(sum_{t<n} g_t)``, to scratch buffers (``fold [BT, K]`` and
-   ``decay [K]`` per operand, float32). Split over several programs, the operand of a row is
-   built by a short chain each.
+1. ``store_fold_operand``, once per (row, head) and block of key channels, given the
+   recorded keys' norms (``record_key_inverse_norms``): that block of ``F_n`` and of the
+   decay ``exp(sum_{t<n} g_t)``, to scratch buffers (``fold [BT, K]`` and ``decay [K]`` per
+   operand, float32). Split over several programs, the operand of a row is built by a short
+   chain each.
 2. ``fold_state_block`` per block of key channels: ``S_0 decay + U F_n``, one
    split-precision product, with ``U`` from ``recorded_corrections`` once per state tile.
 
@@ -21,21 +22,21 @@ Records past ``n`` are masked out before they are read, so NaN there is inert.
 import triton
 import triton.language as tl
 
-from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates
+from kernels.triton_math import fold_operand, record_keys_and_gates
 
 
 @triton.jit
-def store_fold_operand(kg_rows, count, dt_bias_row, A, lower_bound, fold_rows, decay_row, k_first,
-                       K: tl.constexpr, BK: tl.constexpr, CHANNELS: tl.constexpr, BKK: tl.constexpr,
-                       BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
+def store_fold_operand(kg_rows, count, key_inverse_norm, dt_bias_row, A, lower_bound, fold_rows, decay_row, k_first,
+                       K: tl.constexpr, CHANNELS: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
+                       HAS_LOWER_BOUND: tl.constexpr):
     """Key channels ``k_first`` to ``k_first + CHANNELS`` of the fold operand of a record
     row's first ``count`` tokens, ``BKK`` at a time: ``F [BT, K]`` to ``fold_rows``
     (``[BT, 1]`` row pointers) and ``exp(sum_{t<count} g_t) [K]`` to ``decay_row``.
-    ``kg_rows``: ``[BT, 1]`` pointers to each token's raw key-and-gate record (``BK`` key
-    channels for the norms)."""
+    ``kg_rows``: ``[BT, 1]`` pointers to each token's raw key-and-gate record;
+    ``key_inverse_norm [BT, 1]``: ``record_key_inverse_norms`` of at least the first ``count``
+    (one pass serves every count of a row)."""
     offs_t = tl.arange(0, BT)
     live = offs_t < count
-    key_inverse_norm = record_key_inverse_norms(kg_rows, live, K, BK, BKK)
     for k0 in tl.static_range(0, CHANNELS, BKK):
         offs_k = k_first + k0 + tl.arange(0, BKK)
         mask_k = offs_k < K

@@ -47,7 +47,8 @@ from kernels.fold import fold_state_block, recorded_corrections, store_fold_oper
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
 from kernels.triton_math import (
-    inverse_norm, record_row, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates,
+    inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_row,
+    window_keys_and_gates,
 )
 
 
@@ -154,9 +155,10 @@ def _window_kernel(
             kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
             if pending > 0:
                 pair = (b * H + h).to(tl.int64)
-                store_fold_operand(kg_rows, pending, dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
+                store_fold_operand(kg_rows, pending, record_key_inverse_norms(kg_rows, offs_t < pending, K, BK, BKK),
+                                   dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
                                    fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, 0,
-                                   K, BK, BK, BKK, BT, HAS_LOWER_BOUND)
+                                   K, BK, BKK, BT, HAS_LOWER_BOUND)
                 tl.debug_barrier()  # every lane has read the old records before any is overwritten
             if owned & (length > 0):
                 tok = start + offs_t[:, None]
