@@ -25,7 +25,10 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
-from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.dependent_launch import (
+    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_counters,
+    signal_row_ready,
+)
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
 from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
@@ -36,14 +39,17 @@ def _commit_row(commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_st
                 boundary_state_indices_ptr, boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id,
                 T: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr):
     """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds,
-    final, has_boundary, recovery)``, slots int64; nothing is folded unless ``folds``."""
+    final, has_final, boundary, has_boundary, recovery)``, slots int64; nothing is folded
+    unless ``folds``, a slot is written only where its ``has_*`` holds."""
     n = tl.minimum(tl.load(commit_lens_ptr + b), T)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-    recovery = tl.load(boundary_recovery_lens_ptr + b)
-    has_boundary = (tl.load(boundary_state_indices_ptr + b) > null_block_id) & (recovery > 0) & (recovery <= n)
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
-    return n, source, rec, (n > 0) & (source > null_block_id) & (rec >= 0), final, has_boundary, recovery
+    boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
+    recovery = tl.load(boundary_recovery_lens_ptr + b)
+    has_boundary = (boundary > null_block_id) & (recovery > 0) & (recovery <= n)
+    folds = (n > 0) & (source > null_block_id) & (rec >= 0)
+    return n, source, rec, folds, final, final > null_block_id, boundary, has_boundary, recovery
 
 
 @triton.jit
@@ -85,16 +91,15 @@ def _fold_in_tile_kernel(
     STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    """Per (V-tile, row, head): each block of the fold operand rebuilt beside its state block."""
+    """Per (V-tile, head, row): each block of the fold operand rebuilt beside its state block."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
-    n, source, rec, folds, final, has_boundary, recovery = _commit_row(
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
         commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
-    has_final = final > null_block_id
     if folds:
         offs_t = tl.arange(0, BT)
         offs_v = pid_v * BV + tl.arange(0, BV)
@@ -111,8 +116,7 @@ def _fold_in_tile_kernel(
         final_rows = _slot_tile(state_ptr, final, h, offs_v, H, V, K)
         dtype = state_ptr.dtype.element_ty
         if has_boundary:
-            boundary_rows = _slot_tile(state_ptr, tl.load(boundary_state_indices_ptr + b).to(tl.int64), h, offs_v,
-                                       H, V, K)
+            boundary_rows = _slot_tile(state_ptr, boundary, h, offs_v, H, V, K)
             for c0 in tl.range(0, BK, BOUNDARY_BKK, num_stages=STAGES):
                 cols = c0 + tl.arange(0, BOUNDARY_BKK)
                 S_c, key_c, g_c = _column_block(source_rows, kg_rows, dt_bias_row, cols, mask_v, live, key_scale, A_h,
@@ -137,22 +141,24 @@ def _fold_in_tile_kernel(
 
 @triton.jit
 def _fold_operand_kernel(
-    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr,
+    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr, row_ready_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
+    BY_ROW: tl.constexpr,
 ):
-    """Per (row, head, block of ``BKK`` key channels): operand 0 folds the commit length,
+    """Per (block of ``BKK`` key channels, head, row): operand 0 folds the commit length,
     operand 1 (boundary rows only) the recovery length. Operand ``o`` of pair ``p`` is at
-    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``."""
+    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``. With
+    ``BY_ROW`` its last statement counts it in its row's ``row_ready`` counter."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
-    b = tl.program_id(0)
+    part = tl.program_id(0)
     h = tl.program_id(1)
-    part = tl.program_id(2)
-    n, source, rec, folds, final, has_boundary, recovery = _commit_row(
+    b = tl.program_id(2)
+    n, _, rec, folds, _, _, _, has_boundary, recovery = _commit_row(
         commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
     if folds:
@@ -170,29 +176,31 @@ def _fold_operand_kernel(
             store_fold_operand(kg_rows, recovery, key_inverse_norm, dt_bias_row, A_h, lower_bound,
                                fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, part * BKK,
                                K, BKK, BKK, BT, HAS_LOWER_BOUND)
+    signal_row_ready(row_ready_ptr + b, BY_ROW)
 
 
 @triton.jit
 def _fold_state_kernel(
-    state_ptr, correction_ptr, fold_ptr, decay_ptr,
+    state_ptr, correction_ptr, fold_ptr, decay_ptr, row_ready_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    stride_state_indices, null_block_id, operand_stride,
+    stride_state_indices, null_block_id, operand_stride, operand_parts,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr,
 ):
-    """Per (V-tile, row, head): the operands of ``_fold_operand_kernel`` applied to each block."""
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
+    """Per (V-tile, head, row): the operands of ``_fold_operand_kernel`` applied to each block.
+    With ``BY_ROW`` a program starts once its row's ``operand_parts * H`` operand programs
+    are done, not the whole operand kernel."""
     pid_v = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
-    n, source, rec, folds, final, has_boundary, recovery = _commit_row(
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    await_producers(row_ready_ptr + b, operand_parts * H, DEPENDENT, BY_ROW)
+    release_next_grid(DEPENDENT)
+    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
         commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
-    has_final = final > null_block_id
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
         mask_v = (offs_v < V)[:, None]
@@ -206,8 +214,7 @@ def _fold_state_kernel(
         final_rows = _slot_tile(state_ptr, final, h, offs_v, H, V, K)
         dtype = state_ptr.dtype.element_ty
         if has_boundary:
-            boundary_rows = _slot_tile(state_ptr, tl.load(boundary_state_indices_ptr + b).to(tl.int64), h, offs_v,
-                                       H, V, K)
+            boundary_rows = _slot_tile(state_ptr, boundary, h, offs_v, H, V, K)
             recovered = pair + operand_stride
             boundary_corrections = recorded_corrections(correction_cols, offs_f, recovery, mask_v)
             boundary_fold_rows = fold_ptr + (recovered * BT + offs_f[:, None]) * K
@@ -229,6 +236,7 @@ def _fold_state_kernel(
                 folded = fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, True, K, BT,
                                           DOT_PRECISION)
                 tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_vk)
+    retire_row_consumer(row_ready_ptr + b, operand_parts * H, tl.num_programs(0) * H, BY_ROW)
 
 
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
@@ -249,7 +257,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     args = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BOUNDARY_BKK=cfg.boundary_block_kk,
                 BV=cfg.block_v, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, DOT_PRECISION=DOT_PRECISION,
                 **dependent, num_warps=cfg.num_warps, num_stages=1)
-    state_grid = (triton.cdiv(V, cfg.block_v), B, H)
+    state_grid = (triton.cdiv(V, cfg.block_v), H, B)
     lower = 0.0 if lower_bound is None else float(lower_bound)
     if not cfg.operand_once:
         _fold_in_tile_kernel[state_grid](
@@ -263,14 +271,17 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     # operand 0: the commit length; 1: the recovery length
     fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
     decay = torch.empty((2, B, H, K), **f32)
-    _fold_operand_kernel[(B, H, parts)](
-        records.key_gate, A_log, dt_bias, lower, fold, decay, state_indices, record_indices,
+    row_ready = row_counters(checkpoint_state.device, B)
+    by_row = dependent["DEPENDENT"] and cfg.wait_by_row
+    _fold_operand_kernel[(parts, H, B)](
+        records.key_gate, A_log, dt_bias, lower, fold, decay, row_ready, state_indices, record_indices,
         *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
-        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, BY_ROW=by_row,
         **dependent, num_warps=cfg.operand_warps, num_stages=1,
     )
     _fold_state_kernel[state_grid](
-        checkpoint_state, records.correction, fold, decay, state_indices, record_indices, *plan_rows,
-        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
+        checkpoint_state, records.correction, fold, decay, row_ready, state_indices, record_indices, *plan_rows,
+        state_indices.stride(0), NULL_BLOCK_ID, B * H, parts, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth,
+        BY_ROW=by_row, **args,
     )

@@ -24,6 +24,9 @@ own (H200, H=12, T=8: as fast at B=4 and 8, 8 % faster at B=12, 10 % at B=256)."
 _WIDE_OPERAND_PAIRS = 512
 """(row, head) pairs from which a fold-operand program takes 64 key channels, not 32."""
 
+_WAIT_BY_ROW_PAIRS = 1024
+"""(row, head) pairs above which a state kernel waits for its row's operands only."""
+
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
 
@@ -41,7 +44,8 @@ class VerifyConfig:
     ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program;
     ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice);
     ``window_release``: where a key-side program lets the state kernel launch under dependent
-    launch, ``"start"``, ``"end"`` or ``"exit"``."""
+    launch, ``"start"``, ``"end"`` or ``"exit"``; ``wait_by_row``: under dependent launch, a
+    state program waits for its row's key side only (``kernels.dependent_launch``)."""
 
     block_k: int
     block_v: int
@@ -54,6 +58,7 @@ class VerifyConfig:
     window_max_registers: int | None
     state_max_registers: int | None
     window_release: str
+    wait_by_row: bool
 
     @property
     def block_m(self) -> int:
@@ -72,7 +77,8 @@ class CommitConfig:
     own, ``block_t`` rows (tokens) each, one program per ``operand_block_k`` key channels on
     ``operand_warps`` warps; otherwise each V-tile rebuilds them. ``block_kk``: state columns
     (key channels) per step, ``boundary_block_kk`` on rows that also write a boundary slot;
-    ``stages``: loads in flight."""
+    ``stages``: loads in flight; ``wait_by_row``: with ``operand_once``, under dependent
+    launch, a state program waits for its row's fold operands only."""
 
     operand_once: bool
     block_k: int
@@ -84,6 +90,7 @@ class CommitConfig:
     boundary_block_kk: int
     stages: int
     num_warps: int
+    wait_by_row: bool
 
     @property
     def fold_depth(self) -> int:
@@ -91,7 +98,7 @@ class CommitConfig:
         return fold_depth(self.block_t)
 
 
-def _window_release(pairs: int, flush: bool) -> str:
+def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
     """Where a key-side program releases the state kernel (``kernels.dependent_launch``).
     State programs released early sit on the SMs beside the key side, a serial chain. Measured
     on the H200 (T=8, against plain stream order in the same run; ``benchmarks/NOTES.md``):
@@ -101,7 +108,10 @@ def _window_release(pairs: int, flush: bool) -> str:
     21.8) and released at its end faster (20.0). Above 256 pairs it releases only as its
     programs exit, within 1 % of releasing at its start (B=64 and 256); verify at B=64 stays
     7 % slower than plain order (37.4 against 34.8; the stock step 1 %), a loss from another
-    kernel's release, not profiled."""
+    kernel's release, not profiled. A state kernel that waits by row takes the key side's
+    release at its start: each row starts as soon as its own key side is done."""
+    if wait_by_row:
+        return "start"
     if flush:
         return "end"
     return "start" if pairs <= _FEW_WINDOW_PROGRAMS else "exit"
@@ -113,6 +123,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     commit's work, and like the commit runs best on narrow one-warp tiles."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
+    wait_by_row = batch * heads > _WAIT_BY_ROW_PAIRS
     return VerifyConfig(
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32 if flush else 64, triton.next_power_of_2(head_v_dim))),
@@ -129,7 +140,8 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         # H200: flush-verify 5 % faster at B=256, 1-3 % slower at B=32-128.
         window_max_registers=128 if flush else None,
         state_max_registers=168 if flush else None,
-        window_release=_window_release(batch * heads, flush),
+        window_release=_window_release(batch * heads, flush, wait_by_row),
+        wait_by_row=wait_by_row,
     )
 
 
@@ -146,6 +158,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         boundary_block_kk=min(_DOT_MIN, block_k),
         stages=3,
         num_warps=1,
+        wait_by_row=batch * heads > _WAIT_BY_ROW_PAIRS,
     )
 
 

@@ -42,7 +42,10 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
-from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.dependent_launch import (
+    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_counters,
+    signal_row_ready,
+)
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
@@ -109,16 +112,16 @@ def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.co
 @triton.jit
 def _window_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr, row_ready_ptr,
     pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
-    RELEASE: tl.constexpr,
+    RELEASE: tl.constexpr, BY_ROW: tl.constexpr,
 ):
-    """Per (row, head): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
+    """Per (head, row): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
     ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
     factor that normalises each operand row) and ``mix [2 BT, 2 BT]``.
 
@@ -132,13 +135,14 @@ def _window_kernel(
     records (``store_fold_operand``), then overwrites those records with the window's.
 
     ``RELEASE``: where a program lets the state kernel launch (``kernels.dependent_launch``):
-    ``"start"``, ``"end"`` of its work, or ``"exit"``.
+    ``"start"``, ``"end"`` of its work, or ``"exit"``. With ``BY_ROW`` its last statement
+    counts it in its row's ``row_ready`` counter, which the row's state programs wait for.
     """
     await_prior_grid(DEPENDENT)
     if RELEASE == "start":
         release_next_grid(DEPENDENT)
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)
+    b = tl.program_id(1)
 
     start = tl.load(query_start_loc_ptr + b)
     length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
@@ -241,31 +245,36 @@ def _window_kernel(
         tl.store(mix_ptr + (pair * 2 * BT + rows) * 2 * BT + cols, mix)
     if RELEASE == "end":
         release_next_grid(DEPENDENT)
+    signal_row_ready(row_ready_ptr + b, BY_ROW)
 
 
 @triton.jit
 def _state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
-    fold_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
+    fold_ptr, decay_ptr, row_ready_ptr, pending_ptr, commit_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
     STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DEPENDENT: tl.constexpr,
+    DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr,
 ):
-    """Per (V-tile, row, head): outputs and corrections. Column ``c`` of the ``[BV, BM]``
+    """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
     then its columns are scaled by ``row_scale``.
 
     With ``FLUSH``, each state block is first folded with the key side's fold operand and
-    stored in place; one program of the row consumes its pending count."""
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
+    stored in place; one program of the row consumes its pending count.
+
+    With ``BY_ROW`` a program starts once its row's key-side programs (one per head, two
+    with ``FLUSH``) are done, not the whole key side."""
     pid_v = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    PRODUCERS: tl.constexpr = H * (2 if FLUSH else 1)
+    await_producers(row_ready_ptr + b, PRODUCERS, DEPENDENT, BY_ROW)
+    release_next_grid(DEPENDENT)
 
     start = tl.load(query_start_loc_ptr + b)
     length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
@@ -327,6 +336,7 @@ def _state_kernel(
                     tl.store(corr_ptrs, UO, mask=mask_v & (offs_c < length)[None, :])
     elif length > 0:
         tl.store(out_ptrs, tl.zeros((BV, BM), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+    retire_row_consumer(row_ready_ptr + b, PRODUCERS, tl.num_programs(0) * H, BY_ROW)
 
 
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
@@ -346,25 +356,27 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     has_rec = record_indices is not None
     dependent = dependent_launch(v.device)
-    _window_kernel[(B, H, 2 if flush else 1)](
+    row_ready = row_counters(v.device, B)
+    by_row = dependent["DEPENDENT"] and cfg.wait_by_row
+    _window_kernel[(H, B, 2 if flush else 1)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-        records.key_gate, operand, row_scale, mix, fold, decay, pending, *plan_rows,
+        records.key_gate, operand, row_scale, mix, fold, decay, row_ready, pending, *plan_rows,
         query_start_loc, state_indices, record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
         FACTORED=factored_window(lower_bound, T), FLUSH=flush, DOT_PRECISION=DOT_PRECISION,
-        RELEASE=cfg.window_release, **dependent, num_warps=cfg.window_warps, num_stages=1,
+        RELEASE=cfg.window_release, BY_ROW=by_row, **dependent, num_warps=cfg.window_warps, num_stages=1,
         maxnreg=cfg.window_max_registers,
     )
-    _state_kernel[(triton.cdiv(V, cfg.block_v), B, H)](
-        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, decay,
+    _state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
+        v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, decay, row_ready,
         pending, plan_rows[0],
         query_start_loc, state_indices, record_indices,
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,
-        DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps, num_stages=1,
+        DOT_PRECISION=DOT_PRECISION, BY_ROW=by_row, **dependent, num_warps=cfg.num_warps, num_stages=1,
         maxnreg=cfg.state_max_registers,
     )
 

@@ -17,7 +17,8 @@ import kernels.launch
 import kernels.plan
 import kernels.reference as ref
 from kernels.buffers import CommitPlan
-from kernels.dependent_launch import dependent_launch
+import kernels.dependent_launch as dependent_launch_module
+from kernels.dependent_launch import dependent_launch, row_counters
 from tests.kernel_problems import (
     Problem,
     float64_records,
@@ -522,6 +523,9 @@ def test_kimi_k3_shapes(device, T):
 
 def test_dependent_launch_only_on_cuda(monkeypatch):
     assert dependent_launch(torch.device("cpu")) == {"DEPENDENT": False, "launch_pdl": False}
+    counters = row_counters(torch.device("cpu"), 300)
+    assert counters.dtype == torch.int32 and counters.numel() >= 300 and int(counters.abs().sum()) == 0
+    assert row_counters(torch.device("cpu"), 5) is counters  # kept, not reallocated
     if torch.cuda.is_available():
         monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "0")
         assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": False, "launch_pdl": False}
@@ -551,15 +555,18 @@ def _decode_steps(batch: int, dependent: bool, capture: bool, monkeypatch, seed:
 
 
 @pytest.mark.gpu_only
-@pytest.mark.parametrize("batch", [16, 64])  # the key side releases at its start, and as it exits
+# B=3: one-launch commit; 16 and 64: two launches, every state kernel waits for the whole
+# kernel ahead; 256: state kernels wait by row, over several waves of operand programs
+@pytest.mark.parametrize("batch", [3, 16, 64, 256])
 def test_dependent_launch_keeps_stream_order(monkeypatch, batch):
-    """Kernels launched as dependents (each waits for the one ahead before touching memory)
-    write exactly what plain stream order writes, eagerly and in a CUDA graph."""
+    """Kernels launched as dependents (each waits for the one ahead before touching memory, or
+    a state kernel's programs for their row's operands) write exactly what plain stream order
+    writes, eagerly and in a CUDA graph, and leave every row counter at zero."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("dependent launch needs compute capability 9.0")
     monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "1")
     assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": True, "launch_pdl": True}
-    assert kernels.launch.verify_config(batch, 12, 128, 128, 8).window_release == {16: "start", 64: "exit"}[batch]
+    assert kernels.launch.verify_config(batch, 12, 128, 128, 8).wait_by_row == (batch == 256)
     seed = fresh_seed()
     ordered = _decode_steps(batch, False, False, monkeypatch, seed)
     eager = _decode_steps(batch, True, False, monkeypatch, seed)  # also compiles every kernel before capture
@@ -567,3 +574,6 @@ def test_dependent_launch_keeps_stream_order(monkeypatch, batch):
     assert torch.isfinite(ordered[0]).all() and ordered[1].abs().sum() > 0
     for plain, dep, graph in zip(ordered, eager, graphed):
         assert same_bits(dep, plain) and same_bits(graph, plain)
+    counters = [c for (device, _), c in dependent_launch_module._row_counters.items() if device.startswith("cuda")]
+    assert len(counters) >= 2  # at least the eager stream's and the capture stream's
+    assert all(int(c.abs().sum()) == 0 for c in counters)
