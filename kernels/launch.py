@@ -25,7 +25,9 @@ _WIDE_OPERAND_PAIRS = 512
 """(row, head) pairs from which a fold-operand program takes 64 key channels, not 32."""
 
 _WAIT_BY_ROW_PAIRS = 1024
-"""(row, head) pairs above which a state kernel waits for its row's operands only."""
+"""(row, head) pairs above which a state kernel waits for its row's operands only. H200, T=8,
+forced on against off: B=32 commit 26.9 against 22.5 us, B=64 40.8 against 37.0 (slower);
+B=256 verify 101.8 against 103.9 (faster); flushing at B=256 within 2 %."""
 
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
