@@ -26,7 +26,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
 from kernels.dependent_launch import (
-    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_counters,
+    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
     signal_row_ready,
 )
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
@@ -271,8 +271,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     # operand 0: the commit length; 1: the recovery length
     fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
     decay = torch.empty((2, B, H, K), **f32)
-    row_ready = row_counters(checkpoint_state.device, B)
-    by_row = dependent["DEPENDENT"] and cfg.wait_by_row
+    row_ready, by_row = row_wait(checkpoint_state.device, B, cfg.wait_by_row, dependent)
     _fold_operand_kernel[(parts, H, B)](
         records.key_gate, A_log, dt_bias, lower, fold, decay, row_ready, state_indices, record_indices,
         *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,

@@ -71,6 +71,14 @@ def row_counters(device: torch.device, rows: int) -> torch.Tensor:
     return counters
 
 
+def row_wait(device: torch.device, rows: int, wait_by_row: bool,
+             dependent: dict[str, bool]) -> tuple[torch.Tensor, bool]:
+    """A producer and consumer launch pair's ``row_counters`` and ``BY_ROW``: waiting by row
+    where the configuration asks for it (``wait_by_row``) and only under dependent launch
+    (``dependent``, from ``dependent_launch``)."""
+    return row_counters(device, rows), dependent["DEPENDENT"] and wait_by_row
+
+
 @triton.jit
 def await_prior_grid(DEPENDENT: tl.constexpr):
     """Wait until the kernel ahead in the stream has completed, its writes visible."""

@@ -43,7 +43,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.dependent_launch import (
-    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_counters,
+    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
     signal_row_ready,
 )
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
@@ -356,8 +356,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     has_rec = record_indices is not None
     dependent = dependent_launch(v.device)
-    row_ready = row_counters(v.device, B)
-    by_row = dependent["DEPENDENT"] and cfg.wait_by_row
+    row_ready, by_row = row_wait(v.device, B, cfg.wait_by_row, dependent)
     _window_kernel[(H, B, 2 if flush else 1)](
         q, k, raw_g, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
         records.key_gate, operand, row_scale, mix, fold, decay, row_ready, pending, *plan_rows,
