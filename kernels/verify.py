@@ -99,6 +99,25 @@ def _unit_lower_inverse(A, beta, T: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _load_window_block(k_rows, g_rows, q_rows, dt_bias_row, offs_k, live, K: tl.constexpr):
+    """Raw keys, gates and queries ``[BT, BKK]`` of key channels ``offs_k [BKK]`` (``live [BT]``
+    rows, else 0; ``[BT, 1]`` row pointers each) and the head's ``dt_bias [BKK]``."""
+    mask_k = offs_k < K
+    mask_tk = live[:, None] & mask_k[None, :]
+    return (tl.load(k_rows + offs_k[None, :], mask=mask_tk, other=0.0),
+            tl.load(g_rows + offs_k[None, :], mask=mask_tk, other=0.0),
+            tl.load(q_rows + offs_k[None, :], mask=mask_tk, other=0.0),
+            tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0))
+
+
+@triton.jit
+def _window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok):
+    """``sigmoid`` of the raw betas of tokens ``offs_m`` of head ``h`` (0 where ``live_m`` is false)."""
+    beta = tl.load(beta_ptr + (start + offs_m) * stride_beta_tok + h, mask=live_m, other=0.0)
+    return tl.where(live_m, tl.sigmoid(beta.to(tl.float32)), 0.0)
+
+
+@triton.jit
 def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
     """Copy the window's raw keys and gates (``[BT, 1]`` row pointers each) into its key
     records, ``live`` rows only."""
@@ -178,23 +197,29 @@ def _window_kernel(
         kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
         pair = (b * H + h).to(tl.int64)
         offs_m = tl.arange(0, 2 * BT)
+        live_m = offs_m < length
         operand_rows = operand_ptr + (pair * 2 * BT + offs_m[:, None]) * K
 
         A_h = tl.exp(tl.load(A_log_ptr + h))
+        if not FLUSH:  # (flushing, a register held across the loop spills under the key side's cap)
+            beta = _window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
         sum_sq = tl.zeros((2 * BT,), tl.float32)
         if FACTORED:
             AC = tl.zeros((2 * BT, 2 * BT), tl.float32)
         else:
             A = tl.zeros((BT, BT), tl.float32)
             C = tl.zeros((BT, BT), tl.float32)
+        k_raw, g_raw, q_raw, dt_bias = _load_window_block(k_rows, g_rows, q_rows, dt_bias_ptr + h * K,
+                                                          tl.arange(0, BKK), live, K)
         for k0 in tl.static_range(0, BK, BKK):
             offs_k = k0 + tl.arange(0, BKK)
             mask_k = offs_k < K
             mask_tk = live[:, None] & mask_k[None, :]
-            k_raw = tl.load(k_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-            g_raw = tl.load(g_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-            q_raw = tl.load(q_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-            dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+            # The next block's loads go out before this block's stores (not when flushing, where
+            # the registers they hold would spill under the key side's cap).
+            if k0 + BKK < BK and not FLUSH:
+                k_next, g_next, q_next, dt_bias_next = _load_window_block(
+                    k_rows, g_rows, q_rows, dt_bias_ptr + h * K, offs_k + BKK, live, K)
             if not FLUSH:  # (with FLUSH the other program writes them, once the fold has read the old ones)
                 if rec >= 0:
                     tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
@@ -215,6 +240,12 @@ def _window_kernel(
                 A += A_block
                 C += C_block
             tl.store(operand_rows + offs_k[None, :], WP, mask=mask_k[None, :])
+            if k0 + BKK < BK:
+                if FLUSH:
+                    k_raw, g_raw, q_raw, dt_bias = _load_window_block(
+                        k_rows, g_rows, q_rows, dt_bias_ptr + h * K, offs_k + BKK, live, K)
+                else:
+                    k_raw, g_raw, q_raw, dt_bias = k_next, g_next, q_next, dt_bias_next
         # Rows W then P: key norms, then query norms with the 1/sqrt(K) of the attention.
         scale = inverse_norm(sum_sq) * tl.where(offs_m < BT, 1.0, K ** -0.5)
         tl.store(row_scale_ptr + pair * 2 * BT + offs_m, scale)
@@ -235,10 +266,8 @@ def _window_kernel(
             C_t = _stack_rows(_stack_columns(empty, tl.trans(C), BT, BT), empty_rows, BT, 2 * BT)
             A = A * scale_rows_cols
             C_t = C_t * scale_rows_cols
-        live_m = (offs_m < length)
-        beta = tl.sigmoid(tl.load(beta_ptr + (start + offs_m) * stride_beta_tok + h, mask=live_m,
-                                  other=0.0).to(tl.float32))
-        beta = tl.where(live_m, beta, 0.0)
+        if FLUSH:
+            beta = _window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
         L = beta[:, None] * tl.trans(_unit_lower_inverse(A, beta, T, 2 * BT))
         expand = tl.where(cols < BT, (rows == cols).to(tl.float32), C_t)
         mix = tl.dot(L, expand, input_precision=DOT_PRECISION) + ((rows >= BT) & (rows == cols)).to(tl.float32)
@@ -246,6 +275,21 @@ def _window_kernel(
     if RELEASE == "end":
         release_next_grid(DEPENDENT)
     signal_row_ready(row_ready_ptr + b, BY_ROW)
+
+
+@triton.jit
+def _window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h, offs_v, mask_v, stride_v_tok,
+                   V: tl.constexpr, BM: tl.constexpr):
+    """``row_scale [BM]``, ``mix [BM, BM]`` (both from the key side; zero for a row without
+    tokens, for which it writes none) and the values ``[BV, BM]`` (token ``c`` in column ``c``,
+    zero past the window) of one state program."""
+    offs_c = tl.arange(0, BM)
+    written = offs_c < tl.where(length > 0, BM, 0)
+    row_scale = tl.load(row_scale_ptr + pair * BM + offs_c, mask=written, other=0.0)
+    mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :], mask=written[:, None], other=0.0)
+    values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                     mask=mask_v & (offs_c < length)[None, :], other=0.0)
+    return row_scale, mix, values
 
 
 @triton.jit
@@ -264,8 +308,11 @@ def _state_kernel(
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
     then its columns are scaled by ``row_scale``.
 
-    With ``FLUSH``, each state block is first folded with the key side's fold operand and
-    stored in place; one program of the row consumes its pending count.
+    The window's other inputs (``_window_inputs``) are loaded before the state blocks, so
+    that their latency overlaps the products'. With ``FLUSH``, each state block is first
+    folded with the key side's fold operand and stored in place, one program of the row
+    consumes its pending count, and those inputs are loaded after the blocks: held across
+    the fold's loop, they would spill under its register cap.
 
     With ``BY_ROW`` a program starts once its row's key-side programs (one per head, two
     with ``FLUSH``) are done, not the whole key side."""
@@ -309,6 +356,9 @@ def _state_kernel(
                 window_k = tl.where(length > 0, K, 0)  # a row without tokens has no operand written
             else:
                 window_k = K
+            if not FLUSH:
+                row_scale, mix, values = _window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h,
+                                                        offs_v, mask_v, stride_v_tok, V, BM)
             Y = tl.zeros((BV, BM), tl.float32)
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
@@ -324,11 +374,11 @@ def _state_kernel(
                 operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < window_k)[:, None], other=0.0)
                 Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
             if length > 0:
-                Y = Y * tl.load(row_scale_ptr + pair * BM + offs_c)[None, :]
-                mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :])
-                values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
-                                 mask=mask_v & (offs_c < length)[None, :], other=0.0).to(tl.float32)
-                Z = tl.where(is_correction, values - Y, Y)
+                if FLUSH:
+                    row_scale, mix, values = _window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h,
+                                                            offs_v, mask_v, stride_v_tok, V, BM)
+                Y = Y * row_scale[None, :]
+                Z = tl.where(is_correction, values.to(tl.float32) - Y, Y)
                 UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
                 tl.store(out_ptrs, UO.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
                 if rec >= 0:
