@@ -20,7 +20,10 @@ normalised keys and queries (``[T, K]`` tiles):
 
 Both walk the key channels in blocks (the state kernel as a pipelined loop of products),
 so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many
-programs run per SM with their state reads overlapping.
+programs run per SM with their state reads overlapping. At small batches each program's
+serial chain sets the time: the key side issues a block's loads before the previous block's
+stores (which, for all the compiler knows, may alias them), and the state kernel loads its
+other inputs before its state blocks.
 
 ``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: a second key-side
 program per (row, head) builds the fold operand of the row's pending records
