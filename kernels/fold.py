@@ -22,7 +22,7 @@ Records past ``n`` are masked out before they are read, so NaN there is inert.
 import triton
 import triton.language as tl
 
-from kernels.triton_math import fold_operand, record_keys_and_gates
+from kernels.triton_math import fold_operand, load_record_block, window_keys_and_gates
 
 
 @triton.jit
@@ -37,14 +37,19 @@ def store_fold_operand(kg_rows, count, key_inverse_norm, dt_bias_row, A, lower_b
     (one pass serves every count of a row)."""
     offs_t = tl.arange(0, BT)
     live = offs_t < count
+    k_raw, g_raw, dt_bias = load_record_block(kg_rows, k_first + tl.arange(0, BKK), live, dt_bias_row, K)
     for k0 in tl.static_range(0, CHANNELS, BKK):
         offs_k = k_first + k0 + tl.arange(0, BKK)
         mask_k = offs_k < K
-        key, g = record_keys_and_gates(kg_rows, offs_k, live, key_inverse_norm, dt_bias_row, A, lower_bound, K,
+        if k0 + BKK < CHANNELS:  # the next block's loads go out before this block's stores
+            k_next, g_next, dt_bias_next = load_record_block(kg_rows, offs_k + BKK, live, dt_bias_row, K)
+        key, g = window_keys_and_gates(k_raw, g_raw, key_inverse_norm, live[:, None], dt_bias, A, lower_bound,
                                        HAS_LOWER_BOUND)
         decay, fold = fold_operand(g, tl.cumsum(g, axis=0), key, count, offs_t)
         tl.store(fold_rows + offs_k[None, :], fold, mask=mask_k[None, :])
         tl.store(decay_row + offs_k, decay, mask=mask_k)
+        if k0 + BKK < CHANNELS:
+            k_raw, g_raw, dt_bias = k_next, g_next, dt_bias_next
 
 
 @triton.jit

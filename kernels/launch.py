@@ -24,6 +24,13 @@ own (H200, H=12, T=8: as fast at B=4 and 8, 8 % faster at B=12, 10 % at B=256)."
 _WIDE_OPERAND_PAIRS = 512
 """(row, head) pairs from which a fold-operand program takes 64 key channels, not 32."""
 
+_ONE_PASS_PAIRS = 192
+"""(row, head) pairs up to which verify runs as one kernel (``one_pass``), each V-tile
+building the window's operands itself. H200, H=12, against the two kernels (us, T=4 / T=8):
+B=1 10.1 / 11.2 against 11.2 / 12.0; B=8 10.8 / 11.8 against 12.5 / 13.4 (one run); B=12
+12.9 / 14.0 against 15.4 / 16.5; B=16 13.4 / 14.4 against 19.7 / 31.3; B=24 21.4 / 23.5
+against 18.8 / 19.3 (another run): slower, as every V-tile repeats the key side's work."""
+
 _WAIT_BY_ROW_PAIRS = 1024
 """(row, head) pairs above which a state kernel waits for its row's operands only. H200, T=8,
 forced on against off: B=32 commit 26.9 against 22.5 us, B=64 40.8 against 37.0 (slower);
@@ -41,7 +48,10 @@ def fold_depth(block_t: int) -> int:
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Tiles of the two verify kernels. ``block_t``: rows per token tile; ``window_block_k``,
+    """Tiles of the verify kernels. ``one_pass``: one kernel, whose programs each build the
+    window's operands and take their products with a state tile, on the state kernel's
+    tiles (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side
+    and the state kernel. ``block_t``: rows per token tile; ``window_block_k``,
     ``state_block_k``: key channels per step of the key-side and the state kernel;
     ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program;
     ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice);
@@ -49,6 +59,7 @@ class VerifyConfig:
     launch, ``"start"``, ``"end"`` or ``"exit"``; ``wait_by_row``: under dependent launch, a
     state program waits for its row's key side only (``kernels.dependent_launch``)."""
 
+    one_pass: bool
     block_k: int
     block_v: int
     block_t: int
@@ -122,18 +133,23 @@ def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
                   flush: bool = False) -> VerifyConfig:
     """``flush``: the state kernel also folds pending records and stores each block, the
-    commit's work, and like the commit runs best on narrow one-warp tiles."""
+    commit's work, and like the commit runs best on narrow one-warp tiles. So does the one
+    pass (H200, B=8, T=4, against BV=32 on one warp, 10.8 us: BV=32 on two warps 15.8, BV=64
+    on two 12.6, on four 13.5, BV=128 on four 11.0, on eight 12.2)."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
     wait_by_row = batch * heads > _WAIT_BY_ROW_PAIRS
+    one_pass = not flush and batch * heads <= _ONE_PASS_PAIRS
+    narrow = flush or one_pass
     return VerifyConfig(
+        one_pass=one_pass,
         block_k=block_k,
-        block_v=max(_DOT_MIN, min(32 if flush else 64, triton.next_power_of_2(head_v_dim))),
+        block_v=max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,
         window_block_k=min(32, block_k),
         state_block_k=min(32, block_k),
         stages=3,
-        num_warps=1 if flush else 2,
+        num_warps=1 if narrow else 2,
         # A key-side program is a serial chain: with few programs (a couple per SM) two warps
         # shorten it; with more, one warp per program keeps more of them resident.
         window_warps=2 if batch * heads <= _FEW_WINDOW_PROGRAMS else 1,

@@ -69,16 +69,23 @@ def record_key_inverse_norms(kg_rows, live, K: tl.constexpr, BK: tl.constexpr, B
 
 
 @triton.jit
-def record_keys_and_gates(kg_rows, offs_k, live, key_inverse_norm, dt_bias_row, A, lower_bound,
-                          K: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
-    """``window_keys_and_gates`` of key channels ``offs_k [BKK]`` read back from key records:
-    ``kg_rows [BT, 1]`` points at each token's raw key-and-gate record (``2 K`` values), rows
-    where ``live [BT]`` is false are not read; ``dt_bias_row`` points at the head's ``dt_bias``."""
+def load_record_block(kg_rows, offs_k, live, dt_bias_row, K: tl.constexpr):
+    """Raw keys and gates ``[BT, BKK]`` of key channels ``offs_k [BKK]`` from key records
+    (``kg_rows [BT, 1]`` points at each token's ``2 K`` values; rows where ``live [BT]`` is
+    false are not read, 0) and the head's ``dt_bias [BKK]`` (``dt_bias_row`` points at it)."""
     mask_k = offs_k < K
     mask_tk = live[:, None] & mask_k[None, :]
-    k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0)
-    g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0)
-    dt_bias = tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0)
+    return (tl.load(kg_rows + offs_k[None, :], mask=mask_tk, other=0.0),
+            tl.load(kg_rows + K + offs_k[None, :], mask=mask_tk, other=0.0),
+            tl.load(dt_bias_row + offs_k, mask=mask_k, other=0.0))
+
+
+@triton.jit
+def record_keys_and_gates(kg_rows, offs_k, live, key_inverse_norm, dt_bias_row, A, lower_bound,
+                          K: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
+    """``window_keys_and_gates`` of key channels ``offs_k [BKK]`` read back from key records
+    (``load_record_block``)."""
+    k_raw, g_raw, dt_bias = load_record_block(kg_rows, offs_k, live, dt_bias_row, K)
     return window_keys_and_gates(k_raw, g_raw, key_inverse_norm, live[:, None], dt_bias, A, lower_bound,
                                  HAS_LOWER_BOUND)
 

@@ -21,9 +21,15 @@ normalised keys and queries (``[T, K]`` tiles):
 Both walk the key channels in blocks (the state kernel as a pipelined loop of products),
 so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many
 programs run per SM with their state reads overlapping. At small batches each program's
-serial chain sets the time: the key side issues a block's loads before the previous block's
+serial chain sets the time: the key sides issue a block's loads before the previous block's
 stores (which, for all the compiler knows, may alias them), and the state kernel loads its
 other inputs before its state blocks.
+
+For few (row, head) pairs (``kernels.launch.verify_config``), one kernel does both:
+``_one_pass_kernel``, one program per (V-tile, row, head), builds each block of ``[W; P]``,
+``A`` and ``C`` and takes its product with the state block in the same pass, then ``mix``
+and the outputs. Every V-tile repeats the key side's work, which costs less there than a
+second kernel's wait.
 
 ``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: a second key-side
 program per (row, head) builds the fold operand of the row's pending records
@@ -121,14 +127,99 @@ def _window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok):
 
 
 @triton.jit
+def _window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
+                  T: tl.constexpr, BT: tl.constexpr, BKK: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr,
+                  FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One block of key channels of a window (raw inputs from ``_load_window_block``):
+    returns its ``WP = [W; P] [2 BT, BKK]`` and the running sums over blocks ``sum_sq [2 BT]``
+    (of each row's squares) and ``AC [2 BT, 2 BT]`` (rows ``A`` then ``C``; columns: keys).
+
+    Keys and queries are not normalised here: their norms are known only after the last
+    block, and every product is linear in each row, so ``_window_mix`` scales it after."""
+    key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
+    query = tl.where(live[:, None], q_raw.to(tl.float32), 0.0)
+    sum_sq += sum_of_squares(_stack_rows(key, query, BT, BKK))
+    G = tl.cumsum(g, axis=0)
+    WP = _stack_rows(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
+    if FACTORED:
+        growth = _stack_rows(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
+        AC += tl.dot(WP, tl.trans(growth), input_precision=DOT_PRECISION)
+    else:
+        A, C = _stepwise_window_products(g, key, query, T, BT)
+        empty = tl.zeros((BT, BT), tl.float32)
+        AC += _stack_rows(_stack_columns(A, empty, BT, BT), _stack_columns(C, empty, BT, BT), BT, 2 * BT)
+    return WP, sum_sq, AC
+
+
+@triton.jit
+def _window_mix(AC, sum_sq, beta, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """``row_scale [2 BT]``, the factor that normalises each row of ``[W; P]``, and
+    ``mix [2 BT, 2 BT]``, from a window's sums (``_window_block``) and ``beta [2 BT]``."""
+    offs_m = tl.arange(0, 2 * BT)
+    # Rows W then P: key norms, then query norms with the 1/sqrt(K) of the attention.
+    scale = inverse_norm(sum_sq) * tl.where(offs_m < BT, 1.0, K ** -0.5)
+    AC = AC * (scale[:, None] * scale[None, :])
+    # M = [[L, L C^T], [0, I]] = L [I | C^T] plus the identity of the output rows, where
+    # L = diag(b) (I + diag(b) A)^-T; the [BT, BT] blocks live in a [2 BT, 2 BT] tile.
+    rows = offs_m[:, None]
+    cols = offs_m[None, :]
+    A = tl.where((cols < rows) & (rows < BT), AC, 0.0)
+    C_t = tl.trans(tl.where((rows >= BT) & (cols <= rows - BT), AC, 0.0))
+    L = beta[:, None] * tl.trans(_unit_lower_inverse(A, beta, T, 2 * BT))
+    expand = tl.where(cols < BT, (rows == cols).to(tl.float32), C_t)
+    mix = tl.dot(L, expand, input_precision=DOT_PRECISION) + ((rows >= BT) & (rows == cols)).to(tl.float32)
+    return scale, mix
+
+
+@triton.jit
+def _window_values(v_ptr, start, length, h, offs_v, mask_v, stride_v_tok, V: tl.constexpr, BM: tl.constexpr):
+    """The values ``[BV, BM]`` of one V-tile: token ``c`` in column ``c``, zero past the window."""
+    offs_c = tl.arange(0, BM)
+    return tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                   mask=mask_v & (offs_c < length)[None, :], other=0.0)
+
+
+@triton.jit
+def _store_outputs(tile, out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
+                   V: tl.constexpr, BM: tl.constexpr):
+    """Columns ``BM / 2 ..`` of ``tile [BV, BM]``, one per token of the window, into ``out``."""
+    HALF: tl.constexpr = BM // 2
+    offs_c = tl.arange(0, BM)
+    is_output = ((offs_c >= HALF) & (offs_c < HALF + length))[None, :]
+    tl.store(out_ptr + (start + offs_c[None, :] - HALF) * stride_out_tok + h * V + offs_v[:, None],
+             tile.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+
+
+@triton.jit
+def _store_corrections(UO, correction_ptr, rec, h, length, offs_v, mask_v,
+                       H: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BM: tl.constexpr):
+    """The window's corrections (columns ``c < length`` of ``UO``) into record row ``rec``, if any."""
+    if rec >= 0:
+        offs_c = tl.arange(0, BM)
+        tl.store(correction_ptr + ((rec * H + h) * T + offs_c[None, :]) * V + offs_v[:, None], UO,
+                 mask=mask_v & (offs_c < length)[None, :])
+
+
+@triton.jit
 def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
     """Copy the window's raw keys and gates (``[BT, 1]`` row pointers each) into its key
-    records, ``live`` rows only."""
+    records, ``live`` rows only; each block's loads go out before the previous block's stores."""
+    offs = tl.arange(0, BKK)
+    mask_tk = live[:, None] & (offs < K)[None, :]
+    keys = tl.load(k_rows + offs[None, :], mask=mask_tk)
+    gates = tl.load(g_rows + offs[None, :], mask=mask_tk)
     for k0 in tl.static_range(0, BK, BKK):
-        offs_k = k0 + tl.arange(0, BKK)
+        offs_k = k0 + offs
         mask_tk = live[:, None] & (offs_k < K)[None, :]
-        tl.store(kg_rows + offs_k[None, :], tl.load(k_rows + offs_k[None, :], mask=mask_tk), mask=mask_tk)
-        tl.store(kg_rows + K + offs_k[None, :], tl.load(g_rows + offs_k[None, :], mask=mask_tk), mask=mask_tk)
+        if k0 + BKK < BK:
+            mask_next = live[:, None] & (offs_k + BKK < K)[None, :]
+            next_keys = tl.load(k_rows + BKK + offs_k[None, :], mask=mask_next)
+            next_gates = tl.load(g_rows + BKK + offs_k[None, :], mask=mask_next)
+        tl.store(kg_rows + offs_k[None, :], keys, mask=mask_tk)
+        tl.store(kg_rows + K + offs_k[None, :], gates, mask=mask_tk)
+        if k0 + BKK < BK:
+            keys, gates = next_keys, next_gates
 
 
 @triton.jit
@@ -207,11 +298,7 @@ def _window_kernel(
         if not FLUSH:  # (flushing, a register held across the loop spills under the key side's cap)
             beta = _window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
         sum_sq = tl.zeros((2 * BT,), tl.float32)
-        if FACTORED:
-            AC = tl.zeros((2 * BT, 2 * BT), tl.float32)
-        else:
-            A = tl.zeros((BT, BT), tl.float32)
-            C = tl.zeros((BT, BT), tl.float32)
+        AC = tl.zeros((2 * BT, 2 * BT), tl.float32)
         k_raw, g_raw, q_raw, dt_bias = _load_window_block(k_rows, g_rows, q_rows, dt_bias_ptr + h * K,
                                                           tl.arange(0, BKK), live, K)
         for k0 in tl.static_range(0, BK, BKK):
@@ -227,21 +314,8 @@ def _window_kernel(
                 if rec >= 0:
                     tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
                     tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
-            # Keys and queries unnormalised here: their norms are known only after the last
-            # block, and every product below is linear in each row, so they scale it after.
-            key, g = window_keys_and_gates(k_raw, g_raw, 1.0, live[:, None], dt_bias, A_h, lower_bound,
-                                           HAS_LOWER_BOUND)
-            query = tl.where(live[:, None], q_raw.to(tl.float32), 0.0)
-            sum_sq += sum_of_squares(_stack_rows(key, query, BT, BKK))
-            G = tl.cumsum(g, axis=0)
-            WP = _stack_rows(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
-            if FACTORED:
-                growth = _stack_rows(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
-                AC += tl.dot(WP, tl.trans(growth), input_precision=DOT_PRECISION)
-            else:
-                A_block, C_block = _stepwise_window_products(g, key, query, T, BT)
-                A += A_block
-                C += C_block
+            WP, sum_sq, AC = _window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
+                                           T, BT, BKK, HAS_LOWER_BOUND, FACTORED, DOT_PRECISION)
             tl.store(operand_rows + offs_k[None, :], WP, mask=mask_k[None, :])
             if k0 + BKK < BK:
                 if FLUSH:
@@ -249,32 +323,11 @@ def _window_kernel(
                         k_rows, g_rows, q_rows, dt_bias_ptr + h * K, offs_k + BKK, live, K)
                 else:
                     k_raw, g_raw, q_raw, dt_bias = k_next, g_next, q_next, dt_bias_next
-        # Rows W then P: key norms, then query norms with the 1/sqrt(K) of the attention.
-        scale = inverse_norm(sum_sq) * tl.where(offs_m < BT, 1.0, K ** -0.5)
-        tl.store(row_scale_ptr + pair * 2 * BT + offs_m, scale)
-        scale_rows_cols = scale[:, None] * scale[None, :]
-
-        # M = [[L, L C^T], [0, I]] = L [I | C^T] plus the identity of the output rows, where
-        # L = diag(b) (I + diag(b) A)^-T; the [BT, BT] blocks live in a [2 BT, 2 BT] tile.
-        rows = offs_m[:, None]
-        cols = offs_m[None, :]
-        if FACTORED:
-            AC = AC * scale_rows_cols
-            A = tl.where((cols < rows) & (rows < BT), AC, 0.0)
-            C_t = tl.trans(tl.where((rows >= BT) & (cols <= rows - BT), AC, 0.0))
-        else:
-            empty = tl.zeros((BT, BT), tl.float32)
-            empty_rows = tl.zeros((BT, 2 * BT), tl.float32)
-            A = _stack_rows(_stack_columns(A, empty, BT, BT), empty_rows, BT, 2 * BT)
-            C_t = _stack_rows(_stack_columns(empty, tl.trans(C), BT, BT), empty_rows, BT, 2 * BT)
-            A = A * scale_rows_cols
-            C_t = C_t * scale_rows_cols
         if FLUSH:
             beta = _window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
-        L = beta[:, None] * tl.trans(_unit_lower_inverse(A, beta, T, 2 * BT))
-        expand = tl.where(cols < BT, (rows == cols).to(tl.float32), C_t)
-        mix = tl.dot(L, expand, input_precision=DOT_PRECISION) + ((rows >= BT) & (rows == cols)).to(tl.float32)
-        tl.store(mix_ptr + (pair * 2 * BT + rows) * 2 * BT + cols, mix)
+        row_scale, mix = _window_mix(AC, sum_sq, beta, K, T, BT, DOT_PRECISION)
+        tl.store(row_scale_ptr + pair * 2 * BT + offs_m, row_scale)
+        tl.store(mix_ptr + (pair * 2 * BT + offs_m[:, None]) * 2 * BT + offs_m[None, :], mix)
     if RELEASE == "end":
         release_next_grid(DEPENDENT)
     signal_row_ready(row_ready_ptr + b, BY_ROW)
@@ -283,16 +336,26 @@ def _window_kernel(
 @triton.jit
 def _window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h, offs_v, mask_v, stride_v_tok,
                    V: tl.constexpr, BM: tl.constexpr):
-    """``row_scale [BM]``, ``mix [BM, BM]`` (both from the key side; zero for a row without
-    tokens, for which it writes none) and the values ``[BV, BM]`` (token ``c`` in column ``c``,
-    zero past the window) of one state program."""
+    """``row_scale [BM]`` and ``mix [BM, BM]`` (written by the key side for a row with tokens)
+    and ``_window_values`` of one state program."""
     offs_c = tl.arange(0, BM)
-    written = offs_c < tl.where(length > 0, BM, 0)
-    row_scale = tl.load(row_scale_ptr + pair * BM + offs_c, mask=written, other=0.0)
-    mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :], mask=written[:, None], other=0.0)
-    values = tl.load(v_ptr + (start + offs_c[None, :]) * stride_v_tok + h * V + offs_v[:, None],
-                     mask=mask_v & (offs_c < length)[None, :], other=0.0)
-    return row_scale, mix, values
+    row_scale = tl.load(row_scale_ptr + pair * BM + offs_c)
+    mix = tl.load(mix_ptr + (pair * BM + offs_c[:, None]) * BM + offs_c[None, :])
+    return row_scale, mix, _window_values(v_ptr, start, length, h, offs_v, mask_v, stride_v_tok, V, BM)
+
+
+@triton.jit
+def _store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h, offs_v, mask_v,
+                          stride_out_tok, H: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BM: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr):
+    """``[U | O] [BV, BM]`` of one V-tile, from ``Y = S_0 [W; P]^T`` (rows not yet normalised)
+    and the window's ``row_scale``, ``mix`` and ``values``: outputs into ``out``
+    (``_store_outputs``), corrections into the records (``_store_corrections``)."""
+    Y = Y * row_scale[None, :]
+    Z = tl.where((tl.arange(0, BM) < BM // 2)[None, :], values.to(tl.float32) - Y, Y)
+    UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
+    _store_outputs(UO, out_ptr, start, length, h, offs_v, mask_v, stride_out_tok, V, BM)
+    _store_corrections(UO, correction_ptr, rec, h, length, offs_v, mask_v, H, V, T, BM)
 
 
 @triton.jit
@@ -334,9 +397,6 @@ def _state_kernel(
     offs_c = tl.arange(0, BM)
     mask_v = offs_v[:, None] < V
     HALF: tl.constexpr = BM // 2
-    is_correction = (offs_c < HALF)[None, :]
-    is_output = ((offs_c >= HALF) & (offs_c < HALF + length))[None, :]
-    out_ptrs = out_ptr + (start + offs_c[None, :] - HALF) * stride_out_tok + h * V + offs_v[:, None]
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if FLUSH:
         pending = tl.load(commit_lens_ptr + b)  # the window kernel's flush plan
@@ -380,16 +440,81 @@ def _state_kernel(
                 if FLUSH:
                     row_scale, mix, values = _window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h,
                                                             offs_v, mask_v, stride_v_tok, V, BM)
-                Y = Y * row_scale[None, :]
-                Z = tl.where(is_correction, values.to(tl.float32) - Y, Y)
-                UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
-                tl.store(out_ptrs, UO.to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
-                if rec >= 0:
-                    corr_ptrs = correction_ptr + ((rec * H + h) * T + offs_c[None, :]) * V + offs_v[:, None]
-                    tl.store(corr_ptrs, UO, mask=mask_v & (offs_c < length)[None, :])
+                _store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h,
+                                      offs_v, mask_v, stride_out_tok, H, V, T, BM, DOT_PRECISION)
     elif length > 0:
-        tl.store(out_ptrs, tl.zeros((BV, BM), tl.float32).to(out_ptr.dtype.element_ty), mask=mask_v & is_output)
+        _store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
+                       V, BM)
     retire_row_consumer(row_ready_ptr + b, PRODUCERS, tl.num_programs(0) * H, BY_ROW)
+
+
+@triton.jit
+def _one_pass_kernel(
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
+    state_ptr, key_gate_ptr, correction_ptr, out_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok, stride_state_indices,
+    null_block_id,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
+    BV: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr,
+    HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DEPENDENT: tl.constexpr,
+):
+    """Per (V-tile, head, row): the key side's and the state kernel's work in one pass over
+    the key channels, for few (row, head) pairs. Each block of ``BKK`` channels builds its
+    share of ``[W; P]``, ``A`` and ``C`` (``_window_block``) and its product with the state
+    block at once, so the operand and ``mix`` stay in the program and no program waits for
+    another. Every V-tile of a (row, head) builds them; the first writes the key records.
+    Outputs and corrections as ``_state_kernel``'s."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    BM: tl.constexpr = 2 * BT
+
+    start = tl.load(query_start_loc_ptr + b)
+    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
+    slot = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mask_v = offs_v[:, None] < V
+    if slot > null_block_id:
+        if length > 0:
+            rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+            offs_t = tl.arange(0, BT)
+            live = offs_t < length
+            recorded = offs_t < tl.where((pid_v == 0) & (rec >= 0), length, 0)  # token rows this program records
+            tok = start + offs_t[:, None]
+            k_rows = k_ptr + tok * stride_k_tok + h * K
+            q_rows = q_ptr + tok * stride_q_tok + h * K
+            g_rows = g_ptr + tok * stride_g_tok + h * K
+            kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+            state_rows = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K
+            offs_m = tl.arange(0, BM)
+            beta = _window_beta(beta_ptr, start, h, offs_m, offs_m < length, stride_beta_tok)
+            values = _window_values(v_ptr, start, length, h, offs_v, mask_v, stride_v_tok, V, BM)
+            A_h = tl.exp(tl.load(A_log_ptr + h))
+            sum_sq = tl.zeros((BM,), tl.float32)
+            AC = tl.zeros((BM, BM), tl.float32)
+            Y = tl.zeros((BV, BM), tl.float32)
+            for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
+                offs_k = k0 + tl.arange(0, BKK)
+                mask_k = offs_k < K
+                S = tl.load(state_rows + offs_k[None, :], mask=mask_v & mask_k[None, :], other=0.0)
+                k_raw, g_raw, q_raw, dt_bias = _load_window_block(k_rows, g_rows, q_rows, dt_bias_ptr + h * K,
+                                                                  offs_k, live, K)
+                mask_rec = recorded[:, None] & mask_k[None, :]
+                tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_rec)
+                tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_rec)
+                WP, sum_sq, AC = _window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
+                                               T, BT, BKK, HAS_LOWER_BOUND, FACTORED, DOT_PRECISION)
+                Y = tl.dot(S.to(tl.float32), tl.trans(WP), Y, input_precision=DOT_PRECISION)
+            row_scale, mix = _window_mix(AC, sum_sq, beta, K, T, BT, DOT_PRECISION)
+            _store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h,
+                                  offs_v, mask_v, stride_out_tok, H, V, T, BM, DOT_PRECISION)
+    elif length > 0:
+        _store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
+                       V, BM)
 
 
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
@@ -399,6 +524,19 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
     flush = pending is not None
     cfg = verify_config(B, H, K, V, T, flush)
+    has_rec = record_indices is not None
+    if cfg.one_pass:
+        _one_pass_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
+            q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
+            checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
+            record_indices, q.stride(1), k.stride(1), raw_g.stride(1), v.stride(1), raw_beta.stride(1),
+            out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
+            H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BT=cfg.block_t,
+            STAGES=cfg.stages, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
+            FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION,
+            **dependent_launch(v.device), num_warps=cfg.num_warps, num_stages=1,
+        )
+        return
     f32 = dict(dtype=torch.float32, device=v.device)
     operand = torch.empty((B, H, cfg.block_m, K), **f32)
     row_scale = torch.empty((B, H, cfg.block_m), **f32)
@@ -407,7 +545,6 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
                  plan.boundary_recovery_lens) if flush else (None,) * 4
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
-    has_rec = record_indices is not None
     dependent = dependent_launch(v.device)
     row_ready, by_row = row_wait(v.device, B, cfg.wait_by_row, dependent)
     _window_kernel[(H, B, 2 if flush else 1)](

@@ -67,6 +67,24 @@ def commit_design(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["two-kernels", "one-pass"])
+def verify_design(request, monkeypatch):
+    """Each verify design in turn, whatever the batch: the key side and the state kernel, or
+    one kernel that builds the window's operands in every V-tile."""
+    one_pass = request.param == "one-pass"
+    monkeypatch.setattr(kernels.launch, "_ONE_PASS_PAIRS", 1 << 30 if one_pass else -1)
+    assert kernels.launch.verify_config(1, 1, 128, 128, 1).one_pass == one_pass
+    assert not kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True).one_pass
+    return request.param
+
+
+def test_verify_design_follows_pair_count():
+    """K3 per TP8 rank (H=12): one kernel up to B=16, two from B=17; flushing, always two."""
+    assert kernels.launch.verify_config(16, 12, 128, 128, 8).one_pass
+    assert not kernels.launch.verify_config(17, 12, 128, 128, 8).one_pass
+    assert not kernels.launch.verify_config(1, 12, 128, 128, 8, flush=True).one_pass
+
+
 def test_commit_design_follows_pair_count():
     """K3 per TP8 rank (H=12): one launch up to B=10, the fold operand once from B=11."""
     assert not kernels.launch.commit_config(10, 12, 128, 128, 8).operand_once
@@ -148,8 +166,8 @@ def random_accepted(p: Problem, gen: random.Random) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("H,K,V,T,act,state_dtype,lower_bound,with_rec,large", CONFIGS)
-def test_stock_two_rounds_match_reference(device, commit_design, H, K, V, T, act, state_dtype, lower_bound, with_rec,
-                                         large):
+def test_stock_two_rounds_match_reference(device, verify_design, commit_design, H, K, V, T, act, state_dtype,
+                                         lower_bound, with_rec, large):
     seed = fresh_seed()
     gen = random.Random(seed)
     p = make_problem(device, H=H, K=K, V=V, T=T, act=act, state_dtype=state_dtype,
@@ -498,7 +516,7 @@ def test_commit_and_plan_reject_bad_arguments(device):
 
 @pytest.mark.gpu_only
 @pytest.mark.parametrize("T", [8, 4])
-def test_kimi_k3_shapes(device, T):
+def test_kimi_k3_shapes(device, verify_design, T):
     """H=12, K=V=128, B=256 with every kind of row, fp32 state, bf16 activations."""
     seed = fresh_seed()
     gen = random.Random(seed)
