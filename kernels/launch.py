@@ -34,7 +34,9 @@ against 18.8 / 19.3 (another run): slower, as every V-tile repeats the key side'
 _WAIT_BY_ROW_PAIRS = 1024
 """(row, head) pairs above which a state kernel waits for its row's operands only. H200, T=8,
 forced on against off: B=32 commit 26.9 against 22.5 us, B=64 40.8 against 37.0 (slower);
-B=256 verify 101.8 against 103.9 (faster); flushing at B=256 within 2 %."""
+B=256 verify 101.8 against 103.9 (faster). Never when flushing (H200, deferred step against
+waiting for the whole key side, released at its end, in one run: B=256 195.4 against 190.7
+us at T=8, 183.8 against 177.5 at T=4; B=128 104.5 against 106.1 and 98.8 against 97.2)."""
 
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
@@ -138,7 +140,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     on two 12.6, on four 13.5, BV=128 on four 11.0, on eight 12.2)."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
-    wait_by_row = batch * heads > _WAIT_BY_ROW_PAIRS
+    wait_by_row = not flush and batch * heads > _WAIT_BY_ROW_PAIRS
     one_pass = not flush and batch * heads <= _ONE_PASS_PAIRS
     narrow = flush or one_pass
     return VerifyConfig(

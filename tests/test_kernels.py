@@ -85,6 +85,16 @@ def test_verify_design_follows_pair_count():
     assert not kernels.launch.verify_config(1, 12, 128, 128, 8, flush=True).one_pass
 
 
+def test_only_stock_verify_and_commit_wait_by_row():
+    """Above 1024 (row, head) pairs the stock verify's and the commit's state programs wait for
+    their row's operands only; a flushing verify's always wait for the whole key side."""
+    assert kernels.launch.verify_config(86, 12, 128, 128, 8).wait_by_row
+    assert kernels.launch.commit_config(86, 12, 128, 128, 8).wait_by_row
+    assert not kernels.launch.verify_config(85, 12, 128, 128, 8).wait_by_row
+    assert not kernels.launch.verify_config(256, 12, 128, 128, 8, flush=True).wait_by_row
+    assert kernels.launch.verify_config(256, 12, 128, 128, 8, flush=True).window_release == "end"
+
+
 def test_commit_design_follows_pair_count():
     """K3 per TP8 rank (H=12): one launch up to B=10, the fold operand once from B=11."""
     assert not kernels.launch.commit_config(10, 12, 128, 128, 8).operand_once
