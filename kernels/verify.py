@@ -380,12 +380,13 @@ def _state_kernel(
     consumes its pending count, and those inputs are loaded after the blocks: held across
     the fold's loop, they would spill under its register cap.
 
-    With ``BY_ROW`` (never with ``FLUSH``) a program starts once its row's key-side programs
-    (one per head) are done, not the whole key side."""
+    With ``BY_ROW`` a program starts once its row's key-side programs (one per head, two
+    with ``FLUSH``) are done, not the whole key side. The launch configuration never asks
+    for it when flushing (``kernels.launch.verify_config``), but the count stays whole."""
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    PRODUCERS: tl.constexpr = H  # (a flushing verify never waits by row)
+    PRODUCERS: tl.constexpr = H * (2 if FLUSH else 1)  # the key-side programs of a row
     await_producers(row_ready_ptr + b, PRODUCERS, DEPENDENT, BY_ROW)
     release_next_grid(DEPENDENT)
 
