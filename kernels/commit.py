@@ -1,9 +1,12 @@
 """RecoverSSM commit: fold recorded tokens into checkpoint slots (docs: sections 3 and 6).
 
 Folding is ``S_n = S_0 exp(G_n) + U F_n`` (``kernels.fold``), whose operand ``F_n`` depends on
-a row's records alone, not on the state. Two designs, chosen by the number of (row, head)
-pairs (``kernels.launch.commit_config``):
+a row's records alone, not on the state. Three designs, chosen by the number of (row, head)
+pairs and the window (``kernels.launch.commit_config``):
 
+- fewest tokens: ``_token_loop_kernel``, one program per (V-tile, row, head), holds a
+  whole ``[BV, K]`` state tile and folds the records one token at a time (the recurrence of
+  docs section 2): elementwise work, no product and no operand;
 - few pairs, one launch: ``_fold_in_tile_kernel``, one program per (V-tile, row, head),
   rebuilds each block of ``F`` from the records beside the state block, in every V-tile;
 - many pairs, two launches: ``_fold_operand_kernel``, one program per (row, head, block of
@@ -31,7 +34,10 @@ from kernels.dependent_launch import (
 )
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
+from kernels.triton_math import (
+    fold_operand, inverse_norm, kda_log_decay, record_key_inverse_norms, record_keys_and_gates, record_row,
+    recurrence_step, sum_of_squares,
+)
 
 
 @triton.jit
@@ -134,6 +140,71 @@ def _fold_in_tile_kernel(
                                           lower_bound, K, HAS_LOWER_BOUND)
                 folded = _folded(S, U, g, tl.cumsum(g, axis=0), key, n, offs_t, DOT_PRECISION)
                 tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_v[:, None] & (offs_k < K)[None, :])
+
+
+@triton.jit
+def _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, dt_bias, A, lower_bound,
+                 K: tl.constexpr, V: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
+    """``S [BV, BK]`` after recorded token ``t`` of the record row whose token 0 is at ``first``
+    (``recurrence_step``); a token at or past ``n`` is not read and leaves ``S`` as it is."""
+    live = t < n
+    live_k = offs_k < tl.where(live, K, 0)
+    kg_row = key_gate_ptr + (first + t) * (2 * K)
+    k_raw = tl.load(kg_row + offs_k, mask=live_k, other=0.0)
+    g_raw = tl.load(kg_row + K + offs_k, mask=live_k, other=0.0)
+    correction = tl.load(correction_ptr + (first + t) * V + offs_v, mask=offs_v < tl.where(live, V, 0), other=0.0)
+    # [BK] vectors, broadcast against the tile only in the step
+    key = k_raw.to(tl.float32) * inverse_norm(sum_of_squares(k_raw))
+    decay = tl.where(live_k, tl.exp(kda_log_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND)),
+                     1.0)
+    return recurrence_step(S, decay[None, :], key[None, :], correction[:, None])
+
+
+@triton.jit
+def _token_loop_kernel(
+    state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
+    state_indices_ptr, record_indices_ptr,
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    stride_state_indices, null_block_id,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
+):
+    """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, folded one
+    recorded token at a time (``_record_step``); the state after ``recovery`` tokens goes to
+    the boundary slot, after ``n`` to the final one. Each token's work is elementwise over the
+    tile but for its key's norm, and nothing is stored before the last token, so every
+    token's loads can go out at once."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
+        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
+        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+    if folds:
+        offs_v = pid_v * BV + tl.arange(0, BV)
+        offs_k = tl.arange(0, BK)
+        mask_vk = (offs_v < V)[:, None] & (offs_k < K)[None, :]
+        tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
+        S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
+        A_h = tl.exp(tl.load(A_log_ptr + h))
+        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=offs_k < K, other=0.0)
+        first = (rec * H + h) * T
+        dtype = state_ptr.dtype.element_ty
+        if has_boundary:
+            S_boundary = S
+            for t in tl.static_range(T):
+                S = _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, dt_bias, A_h,
+                                 lower_bound, K, V, HAS_LOWER_BOUND)
+                S_boundary = tl.where(recovery == t + 1, S, S_boundary)
+            tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
+        else:
+            for t in tl.static_range(T):
+                S = _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, dt_bias, A_h,
+                                 lower_bound, K, V, HAS_LOWER_BOUND)
+        tl.store(state_ptr + final * (H * V * K) + tile, S.to(dtype),
+                 mask=(offs_v < V)[:, None] & (offs_k < tl.where(has_final, K, 0))[None, :])
 
 
 # Two launches, for many.
@@ -259,6 +330,14 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
                 **dependent, num_warps=cfg.num_warps, num_stages=1)
     state_grid = (triton.cdiv(V, cfg.block_v), H, B)
     lower = 0.0 if lower_bound is None else float(lower_bound)
+    if cfg.token_loop:
+        _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
+            checkpoint_state, records.correction, records.key_gate, A_log, dt_bias, lower, state_indices,
+            record_indices, *plan_rows, state_indices.stride(0), NULL_BLOCK_ID,
+            H=H, K=K, V=V, T=T, BK=cfg.block_k, BV=cfg.token_block_v, HAS_LOWER_BOUND=lower_bound is not None,
+            HAS_RECORD_INDICES=has_rec, **dependent, num_warps=1, num_stages=1,
+        )
+        return
     if not cfg.operand_once:
         _fold_in_tile_kernel[state_grid](
             checkpoint_state, records.correction, records.key_gate, A_log, dt_bias, lower, state_indices,

@@ -24,6 +24,23 @@ own (H200, H=12, T=8: as fast at B=4 and 8, 8 % faster at B=12, 10 % at B=256)."
 _WIDE_OPERAND_PAIRS = 512
 """(row, head) pairs from which a fold-operand program takes 64 key channels, not 32."""
 
+_VERIFY_TOKEN_LOOP_TOKENS = 384
+"""(row, head) pairs times the window up to which verify runs it one token at a time
+(``token_loop``): B <= 8 at H=12, T=4; B <= 4 at T=8. H200, against the shipped design
+beside it (one pass), one run (us, T=4 / T=8): B=1 5.9 / 10.7 against 10.1 / 11.2; B=4 6.9 /
+10.2 against 10.3 / 11.5; B=8 10.6 / 15.7 against 10.7 / 11.7; B=16 14.7 / 22.4 against 13.4 /
+14.4. A program's serial chain is a token's reductions, so it grows with the window."""
+
+_COMMIT_TOKEN_LOOP_PAIRS = 384
+_COMMIT_TOKEN_LOOP_WORK = 6144
+"""The commit folds one token at a time (``token_loop``) up to ``_COMMIT_TOKEN_LOOP_PAIRS``
+(row, head) pairs, while pairs times the window squared is at most
+``_COMMIT_TOKEN_LOOP_WORK``: B <= 32 at H=12, T=4; B <= 8 at T=8. H200, against the designs
+beside it, one run (us, T=4 / T=8): B=1 3.7 / 6.6 against 7.2 / 7.6; B=8 6.7 / 8.4 against
+9.0 / 9.3; B=16 11.3 / 14.7 against 13.7 / 13.8; B=32 18.8 / 23.8 against 21.7 / 22.4. Each
+token is a pass over the whole tile, so the loop's cost grows with the window where the
+fold's barely does."""
+
 _ONE_PASS_PAIRS = 192
 """(row, head) pairs up to which verify runs as one kernel (``one_pass``), each V-tile
 building the window's operands itself. H200, H=12, against the two kernels (us, T=4 / T=8):
@@ -50,7 +67,9 @@ def fold_depth(block_t: int) -> int:
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Tiles of the verify kernels. ``one_pass``: one kernel, whose programs each build the
+    """Tiles of the verify kernels. ``token_loop``: the window one token at a time, on
+    ``[token_block_v, block_k]`` state tiles (takes precedence over ``one_pass``).
+    ``one_pass``: one kernel, whose programs each build the
     window's operands and take their products with a state tile, on the state kernel's
     tiles (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side
     and the state kernel. ``block_t``: rows per token tile; ``window_block_k``,
@@ -62,6 +81,8 @@ class VerifyConfig:
     state program waits for its row's key side only (``kernels.dependent_launch``)."""
 
     one_pass: bool
+    token_loop: bool
+    token_block_v: int
     block_k: int
     block_v: int
     block_t: int
@@ -88,14 +109,18 @@ class VerifyConfig:
 
 @dataclass(frozen=True)
 class CommitConfig:
-    """``operand_once``: the fold operands are built once per (row, head) by a kernel of their
-    own, ``block_t`` rows (tokens) each, one program per ``operand_block_k`` key channels on
-    ``operand_warps`` warps; otherwise each V-tile rebuilds them. ``block_kk``: state columns
+    """``token_loop``: the records folded one token at a time, on ``[token_block_v, block_k]``
+    state tiles (takes precedence). ``operand_once``: the fold operands are built once per
+    (row, head) by a kernel of their own, ``block_t`` rows (tokens) each, one program per
+    ``operand_block_k`` key channels on ``operand_warps`` warps; otherwise each V-tile
+    rebuilds them. ``block_kk``: state columns
     (key channels) per step, ``boundary_block_kk`` on rows that also write a boundary slot;
     ``stages``: loads in flight; ``wait_by_row``: with ``operand_once``, under dependent
     launch, a state program waits for its row's fold operands only."""
 
     operand_once: bool
+    token_loop: bool
+    token_block_v: int
     block_k: int
     block_v: int
     block_t: int
@@ -145,6 +170,8 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     narrow = flush or one_pass
     return VerifyConfig(
         one_pass=one_pass,
+        token_loop=not flush and batch * heads * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS,
+        token_block_v=min(8, triton.next_power_of_2(head_v_dim)),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,
@@ -169,6 +196,9 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     return CommitConfig(
         operand_once=batch * heads >= _OPERAND_ONCE_PAIRS,
+        token_loop=(batch * heads <= _COMMIT_TOKEN_LOOP_PAIRS
+                    and batch * heads * spec_query_len ** 2 <= _COMMIT_TOKEN_LOOP_WORK),
+        token_block_v=min(16, triton.next_power_of_2(head_v_dim)),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
         block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),

@@ -29,9 +29,10 @@ def kda_log_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr)
 
 @triton.jit
 def sum_of_squares(x):
-    """``sum(x^2)`` of each row of a ``[BT, BKK]`` block in float32 (masked lanes must hold 0)."""
+    """``sum(x^2)`` over the last axis in float32: of each row of a ``[BT, BKK]`` block, or
+    of a ``[BK]`` vector (masked lanes must hold 0)."""
     x = x.to(tl.float32)
-    return tl.sum(x * x, axis=1)
+    return tl.sum(x * x, axis=-1)
 
 
 @triton.jit

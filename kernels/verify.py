@@ -25,7 +25,13 @@ serial chain sets the time: the key sides issue a block's loads before the previ
 stores (which, for all the compiler knows, may alias them), and the state kernel loads its
 other inputs before its state blocks.
 
-For few (row, head) pairs (``kernels.launch.verify_config``), one kernel does both:
+For the fewest tokens (``kernels.launch.verify_config``), ``_token_loop_kernel`` runs the
+window as docs section 2 writes it, one token at a time on a whole ``[BV, K]`` state tile
+held in registers: two row reductions and an elementwise update a token, with no matrix
+products and no operands to build, so a program's chain is short where that chain is the
+whole time.
+
+For few (row, head) pairs, one kernel does both:
 ``_one_pass_kernel``, one program per (V-tile, row, head), builds each block of ``[W; P]``,
 ``A`` and ``C`` and takes its product with the state block in the same pass, then ``mix``
 and the outputs. Every V-tile repeats the key side's work, which costs less there than a
@@ -59,9 +65,17 @@ from kernels.fold import fold_state_block, recorded_corrections, store_fold_oper
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
 from kernels.triton_math import (
-    inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_row,
+    inverse_norm, kda_log_decay, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_row,
     window_keys_and_gates,
 )
+
+
+@triton.jit
+def _window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T: tl.constexpr):
+    """Batch row ``b``'s first token, its window length (at most ``T``) and its slot (int64)."""
+    start = tl.load(query_start_loc_ptr + b)
+    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
+    return start, length, tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
 
 
 @triton.jit
@@ -257,9 +271,7 @@ def _window_kernel(
     h = tl.program_id(0)
     b = tl.program_id(1)
 
-    start = tl.load(query_start_loc_ptr + b)
-    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
-    slot = tl.load(state_indices_ptr + b * stride_state_indices)
+    start, length, slot = _window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if tl.program_id(2) == 1:
         if FLUSH:
@@ -390,9 +402,7 @@ def _state_kernel(
     await_producers(row_ready_ptr + b, PRODUCERS, DEPENDENT, BY_ROW)
     release_next_grid(DEPENDENT)
 
-    start = tl.load(query_start_loc_ptr + b)
-    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
-    slot = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+    start, length, slot = _window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
 
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_c = tl.arange(0, BM)
@@ -474,9 +484,7 @@ def _one_pass_kernel(
     b = tl.program_id(2)
     BM: tl.constexpr = 2 * BT
 
-    start = tl.load(query_start_loc_ptr + b)
-    length = tl.minimum(tl.load(query_start_loc_ptr + b + 1) - start, T)
-    slot = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+    start, length, slot = _window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mask_v = offs_v[:, None] < V
     if slot > null_block_id:
@@ -518,6 +526,78 @@ def _one_pass_kernel(
                        V, BM)
 
 
+@triton.jit
+def _token_loop_kernel(
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
+    state_ptr, key_gate_ptr, correction_ptr, out_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok, stride_state_indices,
+    null_block_id,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
+    BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    DEPENDENT: tl.constexpr,
+):
+    """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
+    the window one token at a time (docs: section 2): two row reductions a token (the
+    correction's ``S k^``, the output's ``S q^``) and an elementwise ``recurrence_step``, for
+    few (row, head) pairs, where each program's chain sets the time. The first V-tile writes
+    the key records."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    BM: tl.constexpr = 2 * BT
+
+    start, length, slot = _window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, BK)
+    mask_v = offs_v < V
+    mask_k = offs_k < K
+    if slot > null_block_id:
+        rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+        S = tl.load(state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :],
+                    mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        A_h = tl.exp(tl.load(A_log_ptr + h))
+        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+        cols = tl.arange(0, BM)[None, :]
+        UO = tl.zeros((BV, BM), tl.float32)  # as _state_kernel's: corrections, then outputs
+        # No store until after the window, so that no token's loads wait behind the stores of
+        # the one before (for all the compiler knows, they may alias).
+        for t in tl.static_range(T):
+            live = t < length
+            live_k = offs_k < tl.where(live, K, 0)
+            tok = start + t
+            k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k, mask=live_k, other=0.0)
+            g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k, mask=live_k, other=0.0)
+            q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k, mask=live_k, other=0.0)
+            values = tl.load(v_ptr + tok * stride_v_tok + h * V + offs_v, mask=offs_v < tl.where(live, V, 0),
+                             other=0.0).to(tl.float32)
+            beta = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0).to(tl.float32))
+            # [BK] vectors, broadcast against the tile only in its products
+            key = k_raw.to(tl.float32) * inverse_norm(sum_of_squares(k_raw))
+            decay = tl.exp(kda_log_decay(g_raw.to(tl.float32), dt_bias, A_h, lower_bound, HAS_LOWER_BOUND))
+            query = q_raw.to(tl.float32) * (inverse_norm(sum_of_squares(q_raw)) * K ** -0.5)
+            # Both reductions read the state before this token's update, so neither waits for
+            # the other: S_t q^ = (S_{t-1} a_t) q^ + u_t (k^ . q^).
+            correction = beta * (values - tl.sum(S * (decay * key)[None, :], axis=1))
+            output = tl.sum(S * (decay * query)[None, :], axis=1) + correction * tl.sum(key * query)
+            if t + 1 < T:  # the state after the window is never stored
+                S = recurrence_step(S, decay[None, :], key[None, :], correction[:, None])
+            UO = tl.where(cols == t, correction[:, None], tl.where(cols == BT + t, output[:, None], UO))
+        _store_outputs(UO, out_ptr, start, length, h, offs_v, mask_v[:, None], stride_out_tok, V, BM)
+        _store_corrections(UO, correction_ptr, rec, h, length, offs_v, mask_v[:, None], H, V, T, BM)
+        if (pid_v == 0) & (rec >= 0):
+            offs_t = tl.arange(0, BT)
+            window = start + offs_t[:, None]
+            _store_key_records(k_ptr + window * stride_k_tok + h * K, g_ptr + window * stride_g_tok + h * K,
+                               key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K), offs_t < length,
+                               K, BK, BKK)
+    elif length > 0:
+        _store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v[:, None],
+                       stride_out_tok, V, BM)
+
+
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
             state_indices, d, out, record_indices, pending=None, plan=None):
     """Both verify kernels; with ``pending`` counts (and the ``plan`` that receives them) they first
@@ -526,6 +606,17 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     flush = pending is not None
     cfg = verify_config(B, H, K, V, T, flush)
     has_rec = record_indices is not None
+    if cfg.token_loop:
+        _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
+            q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
+            checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
+            record_indices, q.stride(1), k.stride(1), raw_g.stride(1), v.stride(1), raw_beta.stride(1),
+            out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
+            H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BV=cfg.token_block_v, BT=cfg.block_t,
+            HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, **dependent_launch(v.device),
+            num_warps=1, num_stages=1,
+        )
+        return
     if cfg.one_pass:
         _one_pass_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
             q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),

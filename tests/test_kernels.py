@@ -54,35 +54,66 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(params=["fold-in-tile", "fold-operand-once", "fold-operand-once-wide"])
-def commit_design(request, monkeypatch):
-    """Each commit design in turn, whatever the batch (the pair counts that pick one are
-    moved): one launch; fold operands once, by programs of 32 key channels; of 64."""
-    once = request.param != "fold-in-tile"
-    wide = request.param.endswith("wide")
+COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
+VERIFY_DESIGNS = ["token-loop", "two-kernels", "one-pass"]
+# the stock round trip pairs every design of each kernel with one of the other's
+STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
+                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
+
+
+def use_commit_design(monkeypatch, name: str) -> None:
+    """Run every commit through design ``name``, whatever the batch (the pair counts that pick
+    one are moved): one token at a time; one launch; fold operands once, by programs of 32
+    key channels; of 64."""
+    token_loop = name == "token-loop"
+    once = name.startswith("fold-operand-once")
+    wide = name.endswith("wide")
+    monkeypatch.setattr(kernels.launch, "_COMMIT_TOKEN_LOOP_PAIRS", 1 << 30 if token_loop else -1)
+    monkeypatch.setattr(kernels.launch, "_COMMIT_TOKEN_LOOP_WORK", 1 << 30 if token_loop else -1)
     monkeypatch.setattr(kernels.launch, "_OPERAND_ONCE_PAIRS", 0 if once else 1 << 30)
     monkeypatch.setattr(kernels.launch, "_WIDE_OPERAND_PAIRS", 0 if wide else 1 << 30)
     cfg = kernels.launch.commit_config(1, 1, 128, 128, 1)
-    assert (cfg.operand_once, cfg.operand_block_k) == (once, 64 if wide else 32)
+    assert cfg.token_loop == token_loop
+    assert token_loop or (cfg.operand_once, cfg.operand_block_k) == (once, 64 if wide else 32)
+
+
+def use_verify_design(monkeypatch, name: str) -> None:
+    """Run every stock verify through design ``name``, whatever the batch: one token at a
+    time; the key side and the state kernel; one kernel that builds the window's operands in
+    every V-tile. A flushing verify always runs the two kernels."""
+    token_loop = name == "token-loop"
+    one_pass = name == "one-pass"
+    monkeypatch.setattr(kernels.launch, "_VERIFY_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
+    monkeypatch.setattr(kernels.launch, "_ONE_PASS_PAIRS", 1 << 30 if one_pass else -1)
+    cfg = kernels.launch.verify_config(1, 1, 128, 128, 1)
+    assert (cfg.token_loop, cfg.one_pass) == (token_loop, one_pass)
+    flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
+    assert not (flushing.token_loop or flushing.one_pass)
+
+
+@pytest.fixture(params=COMMIT_DESIGNS)
+def commit_design(request, monkeypatch):
+    use_commit_design(monkeypatch, request.param)
     return request.param
 
 
-@pytest.fixture(params=["two-kernels", "one-pass"])
+@pytest.fixture(params=VERIFY_DESIGNS)
 def verify_design(request, monkeypatch):
-    """Each verify design in turn, whatever the batch: the key side and the state kernel, or
-    one kernel that builds the window's operands in every V-tile."""
-    one_pass = request.param == "one-pass"
-    monkeypatch.setattr(kernels.launch, "_ONE_PASS_PAIRS", 1 << 30 if one_pass else -1)
-    assert kernels.launch.verify_config(1, 1, 128, 128, 1).one_pass == one_pass
-    assert not kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True).one_pass
+    use_verify_design(monkeypatch, request.param)
     return request.param
 
 
 def test_verify_design_follows_pair_count():
-    """K3 per TP8 rank (H=12): one kernel up to B=16, two from B=17; flushing, always two."""
+    """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 and B=4 at T=8, then one
+    kernel up to B=16, two from B=17; flushing, always two."""
+    assert kernels.launch.verify_config(8, 12, 128, 128, 4).token_loop
+    assert not kernels.launch.verify_config(9, 12, 128, 128, 4).token_loop
+    assert kernels.launch.verify_config(4, 12, 128, 128, 8).token_loop
+    assert not kernels.launch.verify_config(5, 12, 128, 128, 8).token_loop
     assert kernels.launch.verify_config(16, 12, 128, 128, 8).one_pass
     assert not kernels.launch.verify_config(17, 12, 128, 128, 8).one_pass
-    assert not kernels.launch.verify_config(1, 12, 128, 128, 8, flush=True).one_pass
+    flushing = kernels.launch.verify_config(1, 12, 128, 128, 8, flush=True)
+    assert not (flushing.one_pass or flushing.token_loop)
 
 
 def test_only_stock_verify_and_commit_wait_by_row():
@@ -96,7 +127,13 @@ def test_only_stock_verify_and_commit_wait_by_row():
 
 
 def test_commit_design_follows_pair_count():
-    """K3 per TP8 rank (H=12): one launch up to B=10, the fold operand once from B=11."""
+    """K3 per TP8 rank (H=12): one token at a time up to B=32 at T=4 and B=8 at T=8 (never
+    past B=32); past that the fold operand once (from B=11)."""
+    assert kernels.launch.commit_config(32, 12, 128, 128, 4).token_loop
+    assert not kernels.launch.commit_config(33, 12, 128, 128, 4).token_loop
+    assert kernels.launch.commit_config(8, 12, 128, 128, 8).token_loop
+    assert not kernels.launch.commit_config(9, 12, 128, 128, 8).token_loop
+    assert not kernels.launch.commit_config(33, 12, 128, 128, 1).token_loop
     assert not kernels.launch.commit_config(10, 12, 128, 128, 8).operand_once
     assert kernels.launch.commit_config(11, 12, 128, 128, 8).operand_once
 
@@ -175,9 +212,12 @@ def random_accepted(p: Problem, gen: random.Random) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=p.state.device)
 
 
+@pytest.mark.parametrize("designs", STOCK_DESIGNS, ids=["-".join(d) for d in STOCK_DESIGNS])
 @pytest.mark.parametrize("H,K,V,T,act,state_dtype,lower_bound,with_rec,large", CONFIGS)
-def test_stock_two_rounds_match_reference(device, verify_design, commit_design, H, K, V, T, act, state_dtype,
+def test_stock_two_rounds_match_reference(device, monkeypatch, designs, H, K, V, T, act, state_dtype,
                                          lower_bound, with_rec, large):
+    use_verify_design(monkeypatch, designs[0])
+    use_commit_design(monkeypatch, designs[1])
     seed = fresh_seed()
     gen = random.Random(seed)
     p = make_problem(device, H=H, K=K, V=V, T=T, act=act, state_dtype=state_dtype,
