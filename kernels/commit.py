@@ -35,8 +35,7 @@ from kernels.dependent_launch import (
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
 from kernels.triton_math import (
-    fold_operand, inverse_norm, kda_log_decay, record_key_inverse_norms, record_keys_and_gates, record_row,
-    recurrence_step, sum_of_squares,
+    fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row, recurrence_step, token_key_and_decay,
 )
 
 
@@ -154,10 +153,8 @@ def _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, d
     g_raw = tl.load(kg_row + K + offs_k, mask=live_k, other=0.0)
     correction = tl.load(correction_ptr + (first + t) * V + offs_v, mask=offs_v < tl.where(live, V, 0), other=0.0)
     # [BK] vectors, broadcast against the tile only in the step
-    key = k_raw.to(tl.float32) * inverse_norm(sum_of_squares(k_raw))
-    decay = tl.where(live_k, tl.exp(kda_log_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND)),
-                     1.0)
-    return recurrence_step(S, decay[None, :], key[None, :], correction[:, None])
+    key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND)
+    return recurrence_step(S, tl.where(live_k, decay, 1.0)[None, :], key[None, :], correction[:, None])
 
 
 @triton.jit

@@ -69,10 +69,9 @@ def fold_depth(block_t: int) -> int:
 class VerifyConfig:
     """Tiles of the verify kernels. ``token_loop``: the window one token at a time, on
     ``[token_block_v, block_k]`` state tiles (takes precedence over ``one_pass``).
-    ``one_pass``: one kernel, whose programs each build the
-    window's operands and take their products with a state tile, on the state kernel's
-    tiles (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side
-    and the state kernel. ``block_t``: rows per token tile; ``window_block_k``,
+    ``one_pass``: one kernel, whose programs each build the window's operands and take their
+    products with a state tile, on the state kernel's tiles (``block_v``, ``state_block_k``,
+    ``stages``, ``num_warps``); otherwise the key side and the state kernel. ``block_t``: rows per token tile; ``window_block_k``,
     ``state_block_k``: key channels per step of the key-side and the state kernel;
     ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program;
     ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice);
@@ -113,9 +112,8 @@ class CommitConfig:
     state tiles (takes precedence). ``operand_once``: the fold operands are built once per
     (row, head) by a kernel of their own, ``block_t`` rows (tokens) each, one program per
     ``operand_block_k`` key channels on ``operand_warps`` warps; otherwise each V-tile
-    rebuilds them. ``block_kk``: state columns
-    (key channels) per step, ``boundary_block_kk`` on rows that also write a boundary slot;
-    ``stages``: loads in flight; ``wait_by_row``: with ``operand_once``, under dependent
+    rebuilds them. ``block_kk``: state columns (key channels) per step, ``boundary_block_kk``
+    on rows that also write a boundary slot; ``stages``: loads in flight; ``wait_by_row``: with ``operand_once``, under dependent
     launch, a state program waits for its row's fold operands only."""
 
     operand_once: bool

@@ -57,6 +57,15 @@ def window_keys_and_gates(k_raw, g_raw, key_inverse_norm, live, dt_bias, A, lowe
 
 
 @triton.jit
+def token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
+    """One token's normalised key and decay ``exp(g)``, ``[BK]`` vectors each, from its raw
+    key and gate over every key channel (masked lanes hold 0) and the head's ``dt_bias [BK]``:
+    the per-token form of ``window_keys_and_gates``, for kernels that step token by token."""
+    key = k_raw.to(tl.float32) * inverse_norm(sum_of_squares(k_raw))
+    return key, tl.exp(kda_log_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND))
+
+
+@triton.jit
 def record_key_inverse_norms(kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
     """``inverse_norm`` of each recorded key, ``[BT, 1]``, summed over ``BK`` channels ``BKK``
     at a time; ``kg_rows [BT, 1]`` points at each token's raw key-and-gate record, rows where

@@ -65,8 +65,8 @@ from kernels.fold import fold_state_block, recorded_corrections, store_fold_oper
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
 from kernels.triton_math import (
-    inverse_norm, kda_log_decay, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_row,
-    window_keys_and_gates,
+    inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_row,
+    token_key_and_decay, window_keys_and_gates,
 )
 
 
@@ -575,8 +575,7 @@ def _token_loop_kernel(
                              other=0.0).to(tl.float32)
             beta = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0).to(tl.float32))
             # [BK] vectors, broadcast against the tile only in its products
-            key = k_raw.to(tl.float32) * inverse_norm(sum_of_squares(k_raw))
-            decay = tl.exp(kda_log_decay(g_raw.to(tl.float32), dt_bias, A_h, lower_bound, HAS_LOWER_BOUND))
+            key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
             query = q_raw.to(tl.float32) * (inverse_norm(sum_of_squares(q_raw)) * K ** -0.5)
             # Both reductions read the state before this token's update, so neither waits for
             # the other: S_t q^ = (S_{t-1} a_t) q^ + u_t (k^ . q^).
@@ -606,28 +605,23 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     flush = pending is not None
     cfg = verify_config(B, H, K, V, T, flush)
     has_rec = record_indices is not None
+    # the arguments of the designs that run verify as one kernel
+    single = (q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
+              checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
+              record_indices, q.stride(1), k.stride(1), raw_g.stride(1), v.stride(1), raw_beta.stride(1),
+              out.stride(1), state_indices.stride(0), NULL_BLOCK_ID)
+    single_options = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, BT=cfg.block_t,
+                          HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
+                          **dependent_launch(v.device), num_stages=1)
     if cfg.token_loop:
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
-            q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-            checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
-            record_indices, q.stride(1), k.stride(1), raw_g.stride(1), v.stride(1), raw_beta.stride(1),
-            out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
-            H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.window_block_k, BV=cfg.token_block_v, BT=cfg.block_t,
-            HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, **dependent_launch(v.device),
-            num_warps=1, num_stages=1,
-        )
+            *single, BKK=cfg.window_block_k, BV=cfg.token_block_v, num_warps=1, **single_options)
         return
     if cfg.one_pass:
         _one_pass_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
-            q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
-            checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
-            record_indices, q.stride(1), k.stride(1), raw_g.stride(1), v.stride(1), raw_beta.stride(1),
-            out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
-            H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BT=cfg.block_t,
-            STAGES=cfg.stages, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
-            FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION,
-            **dependent_launch(v.device), num_warps=cfg.num_warps, num_stages=1,
-        )
+            *single, BKK=cfg.state_block_k, BV=cfg.block_v, STAGES=cfg.stages,
+            FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps,
+            **single_options)
         return
     f32 = dict(dtype=torch.float32, device=v.device)
     operand = torch.empty((B, H, cfg.block_m, K), **f32)
