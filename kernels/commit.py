@@ -32,11 +32,9 @@ from kernels.dependent_launch import (
     await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
     signal_row_ready,
 )
-from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
+from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
-from kernels.triton_math import (
-    fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row, recurrence_step, token_key_and_decay,
-)
+from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
 
 
 @triton.jit
@@ -142,22 +140,6 @@ def _fold_in_tile_kernel(
 
 
 @triton.jit
-def _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, dt_bias, A, lower_bound,
-                 K: tl.constexpr, V: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
-    """``S [BV, BK]`` after recorded token ``t`` of the record row whose token 0 is at ``first``
-    (``recurrence_step``); a token at or past ``n`` is not read and leaves ``S`` as it is."""
-    live = t < n
-    live_k = offs_k < tl.where(live, K, 0)
-    kg_row = key_gate_ptr + (first + t) * (2 * K)
-    k_raw = tl.load(kg_row + offs_k, mask=live_k, other=0.0)
-    g_raw = tl.load(kg_row + K + offs_k, mask=live_k, other=0.0)
-    correction = tl.load(correction_ptr + (first + t) * V + offs_v, mask=offs_v < tl.where(live, V, 0), other=0.0)
-    # [BK] vectors, broadcast against the tile only in the step
-    key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND)
-    return recurrence_step(S, tl.where(live_k, decay, 1.0)[None, :], key[None, :], correction[:, None])
-
-
-@triton.jit
 def _token_loop_kernel(
     state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     state_indices_ptr, record_indices_ptr,
@@ -167,8 +149,8 @@ def _token_loop_kernel(
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, folded one
-    recorded token at a time (``_record_step``); the state after ``recovery`` tokens goes to
-    the boundary slot, after ``n`` to the final one. Each token's work is elementwise over the
+    recorded token at a time (``fold_recorded_token``); the state after ``recovery`` tokens
+    goes to the boundary slot, after ``n`` to the final one. Each token's work is elementwise over the
     tile but for its key's norm, and nothing is stored before the last token, so every
     token's loads can go out at once."""
     await_prior_grid(DEPENDENT)
@@ -192,14 +174,14 @@ def _token_loop_kernel(
         if has_boundary:
             S_boundary = S
             for t in tl.static_range(T):
-                S = _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, dt_bias, A_h,
-                                 lower_bound, K, V, HAS_LOWER_BOUND)
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < n, offs_k, offs_v,
+                                        dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
                 S_boundary = tl.where(recovery == t + 1, S, S_boundary)
             tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
         else:
             for t in tl.static_range(T):
-                S = _record_step(S, key_gate_ptr, correction_ptr, first, t, n, offs_k, offs_v, dt_bias, A_h,
-                                 lower_bound, K, V, HAS_LOWER_BOUND)
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < n, offs_k, offs_v,
+                                        dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
         tl.store(state_ptr + final * (H * V * K) + tile, S.to(dtype),
                  mask=(offs_v < V)[:, None] & (offs_k < tl.where(has_final, K, 0))[None, :])
 

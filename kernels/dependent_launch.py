@@ -24,6 +24,11 @@ the kernel ahead of it, so those writes are visible too. The counters come from
 (``retire_row_consumer``), so they are zero again before the consumer kernel completes, and
 so before the next producer kernel on the stream touches them.
 
+The same counters elect, within one kernel, the last of a group of programs to arrive
+(``last_to_arrive``), which resets its counter: a grid whose programs all read a buffer
+that one of them must then overwrite leaves the overwrite to the last reader, with no
+program waiting on another.
+
 ``KDA_DEPENDENT_LAUNCH=0`` in the environment turns it off (plain stream order).
 """
 
@@ -124,6 +129,20 @@ def await_producers(counter_ptr, producers, DEPENDENT: tl.constexpr, BY_ROW: tl.
             seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     else:
         await_prior_grid(DEPENDENT)
+
+
+@triton.jit
+def last_to_arrive(counter_ptr, arrivals, present):
+    """Where ``present``, count this program in ``counter`` (one of ``row_counters``); true in
+    the last of ``arrivals`` programs to arrive, which also resets the counter to 0. Every
+    memory access of every program before its arrival happens before what the last one does
+    after it (a barrier, then acquire and release, GPU scope): so a kernel's last reader of a
+    buffer may overwrite it."""
+    tl.debug_barrier()
+    seen = tl.atomic_add(counter_ptr, 1, mask=present, sem="acq_rel", scope="gpu")
+    last = present & (seen == arrivals - 1)
+    tl.store(counter_ptr, 0, mask=last)
+    return last
 
 
 @triton.jit

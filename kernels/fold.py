@@ -16,13 +16,19 @@ Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate
 2. ``fold_state_block`` per block of key channels: ``S_0 decay + U F_n``, one
    split-precision product, with ``U`` from ``recorded_corrections`` once per state tile.
 
-Records past ``n`` are masked out before they are read, so NaN there is inert.
+Kernels that hold a whole state tile and step token by token fold instead one recorded token
+at a time (``fold_recorded_token``, the recurrence of docs section 2).
+
+Records past ``n`` are masked out before they are read (by ``fold_recorded_token``, where its
+caller reads them all, before they reach the state), so NaN there is inert.
 """
 
 import triton
 import triton.language as tl
 
-from kernels.triton_math import fold_operand, load_record_block, window_keys_and_gates
+from kernels.triton_math import (
+    fold_operand, load_record_block, recurrence_step, token_key_and_decay, window_keys_and_gates,
+)
 
 
 @triton.jit
@@ -71,3 +77,23 @@ def fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, foldi
     decay = tl.load(decay_row + offs_k, mask=mask_k & folding, other=1.0)
     fold = tl.load(fold_rows + offs_k[None, :], mask=(offs_f < BT)[:, None] & mask_k[None, :] & folding, other=0.0)
     return tl.dot(corrections, fold, S.to(tl.float32) * decay[None, :], input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, live, readable, offs_k, offs_v, dt_bias, A,
+                        lower_bound, K: tl.constexpr, V: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
+    """``S [BV, BK]`` after recorded token ``t`` of the record row whose token 0 is at ``first``
+    (``recurrence_step``; ``offs_k [BK]`` every key channel, ``offs_v [BV]`` the tile's rows)
+    if ``live``, else ``S`` as it is. The record is read where ``readable`` (which ``live``
+    must imply): a caller whose count arrives late may read every record of its row up front;
+    what a dead token reads, NaN included, never reaches ``S``."""
+    read_k = offs_k < tl.where(readable, K, 0)
+    kg_row = key_gate_ptr + (first + t) * (2 * K)
+    k_raw = tl.load(kg_row + offs_k, mask=read_k, other=0.0)
+    g_raw = tl.load(kg_row + K + offs_k, mask=read_k, other=0.0)
+    correction = tl.load(correction_ptr + (first + t) * V + offs_v, mask=offs_v < tl.where(readable, V, 0),
+                         other=0.0)
+    # [BK] vectors, broadcast against the tile only in the step
+    key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND)
+    return recurrence_step(S, tl.where(live, decay, 1.0)[None, :], tl.where(live, key, 0.0)[None, :],
+                           tl.where(live, correction, 0.0)[:, None])

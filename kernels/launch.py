@@ -29,7 +29,20 @@ _VERIFY_TOKEN_LOOP_TOKENS = 384
 (``token_loop``): B <= 8 at H=12, T=4; B <= 4 at T=8. H200, against the shipped design
 beside it (one pass), one run (us, T=4 / T=8): B=1 5.9 / 10.7 against 10.1 / 11.2; B=4 6.9 /
 10.2 against 10.3 / 11.5; B=8 10.6 / 15.7 against 10.7 / 11.7; B=16 14.7 / 22.4 against 13.4 /
-14.4. A program's serial chain is a token's reductions, so it grows with the window."""
+14.4. A program's serial chain is a token's reductions, so it grows with the window. Tiles
+of 4 state rows up to a window of 4, else 8 (H200, one run, T=4: B=1 / 2 / 4 / 8 4.8 / 5.2 /
+6.0 / 9.1 us against 5.5 / 5.7 / 6.3 / 10.2; T=8: 8.1 / 8.6 / 12.6 against 8.6 / 9.2 / 9.1)."""
+
+_FLUSH_TOKEN_LOOP_TOKENS = 384
+_FLUSH_TOKEN_LOOP_WINDOW = 4
+_FLUSH_NARROW_PAIRS = 24
+"""A flushing verify runs as one token loop (which first folds up to a window of pending
+records) up to ``_FLUSH_TOKEN_LOOP_TOKENS`` (row, head) pairs times the window, for windows
+up to ``_FLUSH_TOKEN_LOOP_WINDOW``, on tiles of 4 state rows up to ``_FLUSH_NARROW_PAIRS``
+pairs, else 8. H200, H=12, one run (us), against the two kernels (14.7 at B=1, 15.3 at B=4,
+17.0 at B=8): T=4, B=1 / 2 / 4 / 8, 4 rows 10.0 / 8.9 / 13.2 / 18.3, 8 rows 12.2 / 9.1 / 10.7 /
+13.3; T=8, B=1 / 2 / 4 16.9 / 13.1 / 14.0 on 4 rows (8 rows spill: 22.1 / 21.3 / 14.5), against
+15.3 at B=1 and 15.9 at B=4."""
 
 _COMMIT_TOKEN_LOOP_PAIRS = 384
 _COMMIT_TOKEN_LOOP_WORK = 6144
@@ -68,7 +81,8 @@ def fold_depth(block_t: int) -> int:
 @dataclass(frozen=True)
 class VerifyConfig:
     """Tiles of the verify kernels. ``token_loop``: the window one token at a time, on
-    ``[token_block_v, block_k]`` state tiles (takes precedence over ``one_pass``).
+    ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
+    over ``one_pass``).
     ``one_pass``: one kernel, whose programs each build the window's operands and take their
     products with a state tile, on the state kernel's tiles (``block_v``, ``state_block_k``,
     ``stages``, ``num_warps``); otherwise the key side and the state kernel. ``block_t``: rows per token tile; ``window_block_k``,
@@ -82,6 +96,7 @@ class VerifyConfig:
     one_pass: bool
     token_loop: bool
     token_block_v: int
+    token_block_t: int
     block_k: int
     block_v: int
     block_t: int
@@ -157,8 +172,9 @@ def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
 
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
                   flush: bool = False) -> VerifyConfig:
-    """``flush``: the state kernel also folds pending records and stores each block, the
-    commit's work, and like the commit runs best on narrow one-warp tiles. So does the one
+    """``flush``: verify after folding each row's pending records. In the two kernels the state
+    kernel then also does the commit's work, and like the commit runs best on narrow one-warp
+    tiles. So does the one
     pass (H200, B=8, T=4, against BV=32 on one warp, 10.8 us: BV=32 on two warps 15.8, BV=64
     on two 12.6, on four 13.5, BV=128 on four 11.0, on eight 12.2)."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
@@ -166,10 +182,18 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     wait_by_row = not flush and batch * heads > _WAIT_BY_ROW_PAIRS
     one_pass = not flush and batch * heads <= _ONE_PASS_PAIRS
     narrow = flush or one_pass
+    if flush:
+        token_loop = (spec_query_len <= _FLUSH_TOKEN_LOOP_WINDOW
+                      and batch * heads * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS)
+        token_rows = 4 if batch * heads <= _FLUSH_NARROW_PAIRS else 8
+    else:
+        token_loop = batch * heads * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
+        token_rows = 4 if spec_query_len <= 4 else 8
     return VerifyConfig(
         one_pass=one_pass,
-        token_loop=not flush and batch * heads * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS,
-        token_block_v=min(8, triton.next_power_of_2(head_v_dim)),
+        token_loop=token_loop,
+        token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
+        token_block_t=triton.next_power_of_2(spec_query_len),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,

@@ -37,11 +37,13 @@ For few (row, head) pairs, one kernel does both:
 and the outputs. Every V-tile repeats the key side's work, which costs less there than a
 second kernel's wait.
 
-``kda_recoverssm_flush_verify`` runs the same two kernels with ``FLUSH``: a second key-side
-program per (row, head) builds the fold operand of the row's pending records
-(``kernels.fold``), before this window's records overwrite them, and the state kernel folds
-each state block with it, stores the block in place and takes the window's products from
-it, so a deferred step reads each slot once.
+``kda_recoverssm_flush_verify`` runs the token loop or the two kernels with ``FLUSH``. The
+token loop first folds a row's pending records into its tile one token at a time and stores
+it back. In the two kernels a second key-side program per (row, head) builds the fold
+operand of the row's pending records (``kernels.fold``), before this window's records
+overwrite them, and the state kernel folds each state block with it, stores the block in
+place and takes the window's products from it. Either way a deferred step reads each slot
+once.
 
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
 is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
@@ -58,10 +60,10 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.dependent_launch import (
-    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
-    signal_row_ready,
+    await_prior_grid, await_producers, dependent_launch, last_to_arrive, release_next_grid, retire_row_consumer,
+    row_counters, row_wait, signal_row_ready,
 )
-from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
+from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import store_flush_plan
 from kernels.triton_math import (
@@ -533,15 +535,31 @@ def _token_loop_kernel(
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok, stride_state_indices,
     null_block_id,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
+    pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    counters_ptr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    DEPENDENT: tl.constexpr,
+    FLUSH: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
     the window one token at a time (docs: section 2): two row reductions a token (the
     correction's ``S k^``, the output's ``S q^``) and an elementwise ``recurrence_step``, for
-    few (row, head) pairs, where each program's chain sets the time. The first V-tile writes
-    the key records."""
+    few (row, head) pairs, where each program's chain sets the time. ``BT``: the window
+    rounded up to a power of two.
+
+    Every load goes out before the first store (for all the compiler knows, they may alias),
+    so no token's loads wait behind another's results: the key records are read up front and
+    stored after the window with the outputs and corrections.
+
+    With ``FLUSH`` each tile first folds the row's pending records (``fold_recorded_token``)
+    and is stored back in place, rounded to the slot's dtype, and the window runs from it. The
+    pending key records are read by every V-tile of a (row, head) before the window's
+    overwrite them, and the pending count by every program of the row before it is cleared:
+    so the last V-tile of a (row, head) to arrive after its reads writes the key records, and
+    the last program of the row clears the count (``last_to_arrive`` on ``counters``: ``B * H``
+    for the (row, head) pairs, then ``B`` for the rows, zero between launches). The records
+    are read whatever the count, so that their loads need not wait for it. The first program
+    of a row writes its flush plan."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -550,20 +568,38 @@ def _token_loop_kernel(
     BM: tl.constexpr = 2 * BT
 
     start, length, slot = _window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+    if FLUSH:
+        owned = (slot > null_block_id) & (rec >= 0)
+        pending = store_flush_plan(b, (pid_v == 0) & (h == 0), slot, tl.load(pending_ptr + rec, mask=owned, other=0),
+                                   commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
+                                   boundary_recovery_lens_ptr, null_block_id, T)
+        writes_records = owned
+    else:
+        writes_records = (pid_v == 0) & (rec >= 0)
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     mask_v = offs_v < V
     mask_k = offs_k < K
     if slot > null_block_id:
-        rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-        S = tl.load(state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :],
-                    mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        tile = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :]
+        S = tl.load(tile, mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         A_h = tl.exp(tl.load(A_log_ptr + h))
         dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
+        offs_t = tl.arange(0, BT)
+        window = start + offs_t[:, None]
+        recorded = (offs_t < tl.where(writes_records, length, 0))[:, None] & mask_k[None, :]
+        key_records = tl.load(k_ptr + window * stride_k_tok + h * K + offs_k[None, :], mask=recorded)
+        gate_records = tl.load(g_ptr + window * stride_g_tok + h * K + offs_k[None, :], mask=recorded)
+        if FLUSH:
+            # every pending record of an owned row is read up front, not after the count arrives
+            for t in tl.static_range(T):
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, t, t < pending, owned,
+                                        offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+            S = S.to(state_ptr.dtype.element_ty).to(tl.float32)  # the window runs from the state as stored
+            flushed = S
         cols = tl.arange(0, BM)[None, :]
         UO = tl.zeros((BV, BM), tl.float32)  # as _state_kernel's: corrections, then outputs
-        # No store until after the window, so that no token's loads wait behind the stores of
-        # the one before (for all the compiler knows, they may alias).
         for t in tl.static_range(T):
             live = t < length
             live_k = offs_k < tl.where(live, K, 0)
@@ -584,14 +620,21 @@ def _token_loop_kernel(
             if t + 1 < T:  # the state after the window is never stored
                 S = recurrence_step(S, decay[None, :], key[None, :], correction[:, None])
             UO = tl.where(cols == t, correction[:, None], tl.where(cols == BT + t, output[:, None], UO))
+        if FLUSH:
+            # Every read of the pending records and count is done: the last V-tile of the
+            # (row, head) to arrive writes the key records, the last program of the row clears
+            # the count. Arriving before the stores, no program waits for them to land first.
+            writes_records = last_to_arrive(counters_ptr + b * H + h, tl.num_programs(0), owned)
+            clears_count = last_to_arrive(counters_ptr + tl.num_programs(2) * H + b, H * tl.num_programs(0), owned)
+            tl.store(tile, flushed.to(state_ptr.dtype.element_ty),
+                     mask=mask_v[:, None] & (offs_k < tl.where(pending > 0, K, 0))[None, :])
+            tl.store(pending_ptr + rec, 0, mask=clears_count)
         _store_outputs(UO, out_ptr, start, length, h, offs_v, mask_v[:, None], stride_out_tok, V, BM)
         _store_corrections(UO, correction_ptr, rec, h, length, offs_v, mask_v[:, None], H, V, T, BM)
-        if (pid_v == 0) & (rec >= 0):
-            offs_t = tl.arange(0, BT)
-            window = start + offs_t[:, None]
-            _store_key_records(k_ptr + window * stride_k_tok + h * K, g_ptr + window * stride_g_tok + h * K,
-                               key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K), offs_t < length,
-                               K, BK, BKK)
+        if writes_records:
+            kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+            tl.store(kg_rows + offs_k[None, :], key_records, mask=recorded)
+            tl.store(kg_rows + K + offs_k[None, :], gate_records, mask=recorded)
     elif length > 0:
         _store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v[:, None],
                        stride_out_tok, V, BM)
@@ -599,27 +642,30 @@ def _token_loop_kernel(
 
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
             state_indices, d, out, record_indices, pending=None, plan=None):
-    """Both verify kernels; with ``pending`` counts (and the ``plan`` that receives them) they first
-    fold each row's pending records into its slot."""
+    """Verify in the design ``verify_config`` picks; with ``pending`` counts (and the ``plan``
+    that receives them) it first folds each row's pending records into its slot."""
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
     flush = pending is not None
     cfg = verify_config(B, H, K, V, T, flush)
     has_rec = record_indices is not None
+    plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
+                 plan.boundary_recovery_lens) if flush else (None,) * 4
     # the arguments of the designs that run verify as one kernel
     single = (q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
               checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
               record_indices, q.stride(1), k.stride(1), raw_g.stride(1), v.stride(1), raw_beta.stride(1),
               out.stride(1), state_indices.stride(0), NULL_BLOCK_ID)
-    single_options = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, BT=cfg.block_t,
-                          HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec,
-                          **dependent_launch(v.device), num_stages=1)
+    single_options = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, HAS_LOWER_BOUND=lower_bound is not None,
+                          HAS_RECORD_INDICES=has_rec, **dependent_launch(v.device), num_stages=1)
     if cfg.token_loop:
+        counters = row_counters(v.device, B * H + B) if flush else None
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
-            *single, BKK=cfg.window_block_k, BV=cfg.token_block_v, num_warps=1, **single_options)
+            *single, pending, *plan_rows, counters, BV=cfg.token_block_v, BT=cfg.token_block_t, FLUSH=flush,
+            num_warps=1, **single_options)
         return
     if cfg.one_pass:
         _one_pass_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
-            *single, BKK=cfg.state_block_k, BV=cfg.block_v, STAGES=cfg.stages,
+            *single, BKK=cfg.state_block_k, BV=cfg.block_v, BT=cfg.block_t, STAGES=cfg.stages,
             FACTORED=factored_window(lower_bound, T), DOT_PRECISION=DOT_PRECISION, num_warps=cfg.num_warps,
             **single_options)
         return
@@ -627,8 +673,6 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     operand = torch.empty((B, H, cfg.block_m, K), **f32)
     row_scale = torch.empty((B, H, cfg.block_m), **f32)
     mix = torch.empty((B, H, cfg.block_m, cfg.block_m), **f32)
-    plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
-                 plan.boundary_recovery_lens) if flush else (None,) * 4
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     dependent = dependent_launch(v.device)

@@ -56,6 +56,7 @@ CONFIGS = [
 
 COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
 VERIFY_DESIGNS = ["token-loop", "two-kernels", "one-pass"]
+FLUSHING_DESIGNS = ["token-loop", "two-kernels"]
 # the stock round trip pairs every design of each kernel with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
                  ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
@@ -80,15 +81,23 @@ def use_commit_design(monkeypatch, name: str) -> None:
 def use_verify_design(monkeypatch, name: str) -> None:
     """Run every stock verify through design ``name``, whatever the batch: one token at a
     time; the key side and the state kernel; one kernel that builds the window's operands in
-    every V-tile. A flushing verify always runs the two kernels."""
+    every V-tile."""
     token_loop = name == "token-loop"
     one_pass = name == "one-pass"
     monkeypatch.setattr(kernels.launch, "_VERIFY_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
     monkeypatch.setattr(kernels.launch, "_ONE_PASS_PAIRS", 1 << 30 if one_pass else -1)
     cfg = kernels.launch.verify_config(1, 1, 128, 128, 1)
     assert (cfg.token_loop, cfg.one_pass) == (token_loop, one_pass)
+
+
+def use_flushing_design(monkeypatch, name: str) -> None:
+    """Run every flushing verify through design ``name``, whatever the batch: one token at a
+    time, folding first; the key side (with the fold programs) and the folding state kernel."""
+    token_loop = name == "token-loop"
+    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 1 << 30)
     flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
-    assert not (flushing.token_loop or flushing.one_pass)
+    assert (flushing.token_loop, flushing.one_pass) == (token_loop, False)
 
 
 @pytest.fixture(params=COMMIT_DESIGNS)
@@ -104,16 +113,21 @@ def verify_design(request, monkeypatch):
 
 
 def test_verify_design_follows_pair_count():
-    """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 and B=4 at T=8, then one
-    kernel up to B=16, two from B=17; flushing, always two."""
-    assert kernels.launch.verify_config(8, 12, 128, 128, 4).token_loop
-    assert not kernels.launch.verify_config(9, 12, 128, 128, 4).token_loop
-    assert kernels.launch.verify_config(4, 12, 128, 128, 8).token_loop
-    assert not kernels.launch.verify_config(5, 12, 128, 128, 8).token_loop
-    assert kernels.launch.verify_config(16, 12, 128, 128, 8).one_pass
-    assert not kernels.launch.verify_config(17, 12, 128, 128, 8).one_pass
-    flushing = kernels.launch.verify_config(1, 12, 128, 128, 8, flush=True)
-    assert not (flushing.one_pass or flushing.token_loop)
+    """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 (4 state rows a tile) and
+    B=4 at T=8 (8 rows), then one kernel up to B=16, two from B=17; flushing, one token at a
+    time up to B=8 at T=4 (4 rows up to B=2, then 8), else two kernels."""
+    config = kernels.launch.verify_config
+    assert config(8, 12, 128, 128, 4).token_loop and config(8, 12, 128, 128, 4).token_block_v == 4
+    assert not config(9, 12, 128, 128, 4).token_loop
+    assert config(4, 12, 128, 128, 8).token_loop and config(4, 12, 128, 128, 8).token_block_v == 8
+    assert not config(5, 12, 128, 128, 8).token_loop
+    assert config(16, 12, 128, 128, 8).one_pass
+    assert not config(17, 12, 128, 128, 8).one_pass
+    assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (1, 2, 3, 8)] == [4, 4, 8, 8]
+    assert config(8, 12, 128, 128, 4, flush=True).token_loop
+    assert not config(9, 12, 128, 128, 4, flush=True).token_loop
+    for flushing in (config(1, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
+        assert not (flushing.one_pass or flushing.token_loop)
 
 
 def test_only_stock_verify_and_commit_wait_by_row():
@@ -309,9 +323,10 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     assert same_bits(state, settled), "flushing twice folded the window twice"
 
 
+@pytest.mark.parametrize("design", FLUSHING_DESIGNS)
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_flush_verify_matches_flush_then_verify(device, state_dtype, monkeypatch):
+def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, monkeypatch):
     """The fused flush and verify against the reference's flush, then verify: three deferred
     steps (flush-verify, plan, defer), every accept length, null and padding rows, a row
     whose pending records are folded although it has no tokens, NaN in every slot and
@@ -325,6 +340,7 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, monkeypatch
         return t.fill_(float("inf")) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", poisoned)
+    use_flushing_design(monkeypatch, design)
     seed = fresh_seed()
     gen = random.Random(seed)
     T = 4
@@ -367,6 +383,7 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, monkeypatch
                              lower_bound=-5.0, seed=seed + rounds)
         p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
     assert folded > 0, "the test folded nothing"
+    assert int(row_counters(torch.device(device), 1).abs().sum()) == 0, "a counter was left set"
 
 
 def test_defer_rules(device):
