@@ -6,6 +6,7 @@ No test here asserts a time: timings belong to runs on a GPU, not to tests.
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,71 @@ def test_trace_refuses_preset_options():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "Error: --batch, --accept describe a preset sweep and do not apply with --trace"]
+
+
+def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_path):
+    """Ctrl-C during the second row: the first row comes back timed, the one in flight does not,
+    and the run says it was interrupted, also once saved and loaded."""
+    time_calls = bench._time_calls
+    calls = []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return time_calls(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_calls", interrupted_second)
+    config = bench.BenchConfig(preset="tiny", batches=(1,), ops=("plan", "defer", "commit"), smoke=True)
+    run = bench.run_bench(config, device)
+    assert run.interrupted
+    assert [(r.name, r.error is None, r.median_us is not None) for r in run.rows] == [("plan", True, True)]
+    bench.save_run(run, str(tmp_path / "run.json"))
+    assert bench.load_run(str(tmp_path / "run.json")).interrupted
+
+
+def test_save_is_whole_or_nothing(tmp_path, monkeypatch):
+    """A save that fails half way leaves the file as it was and nothing beside it."""
+    path = tmp_path / "run.json"
+    _synthetic(path, {("verify", 8): 10.0})
+    before = path.read_text()
+    dump = json.dump
+
+    def half_then_fail(obj, f, **kwargs):
+        f.write(json.dumps(obj)[:20])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", half_then_fail)
+    run = bench.load_run(str(path))
+    with pytest.raises(OSError):
+        bench.save_run(run, str(path))
+    monkeypatch.setattr(json, "dump", dump)
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_sigterm_saves_the_finished_rows_and_exits_3(tmp_path):
+    """``timeout`` sends SIGTERM: the rows finished are saved, then one Error line, exit 3. The
+    signal comes as the second row starts, a step that takes seconds under the interpreter."""
+    saved = tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "kda_cli", "bench", "--interpreter-smoke", "--batch", "1",
+                             "--ops", "plan,step-deferred,step-stock", "--format", "json", "--save", str(saved)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NO_COLOR": "1"})
+    try:
+        started = 0
+        for line in proc.stderr:  # progress lines, one a row
+            started += line.startswith("bench: triton ")
+            if started == 2:  # the first row is done
+                proc.send_signal(signal.SIGTERM)
+                break
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert started == 2
+    assert proc.returncode == 3
+    assert stderr.strip().splitlines()[-1] == f"Error: interrupted after 1 finished rows; they are in {saved}"
+    printed = json.loads(stdout)
+    assert printed["interrupted"] and [r["name"] for r in printed["rows"]] == ["plan"]
+    loaded = bench.load_run(str(saved))
+    assert loaded.interrupted and [r.name for r in loaded.rows] == ["plan"] and loaded.rows[0].median_us > 0

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -193,7 +194,8 @@ class Row:
 
 @dataclass
 class BenchRun:
-    """A whole run: what was asked, where it ran, the copy ceiling and the rows."""
+    """A whole run: what was asked, where it ran, the copy ceiling and the rows. ``interrupted``:
+    stopped early (``KeyboardInterrupt``); ``rows`` then holds those finished before."""
 
     workload: dict
     timing: dict
@@ -203,6 +205,7 @@ class BenchRun:
     label: str | None = None
     created: str = ""
     schema: str = SCHEMA
+    interrupted: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -594,11 +597,17 @@ def _timing(config: BenchConfig, mode: str, timer) -> dict:
     }
 
 
+def _finished(rows: list[Row]) -> list[Row]:
+    """The rows of an interrupted run that were timed or failed, not the one in flight."""
+    return [r for r in rows if r.median_us is not None or r.error is not None]
+
+
 def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] = lambda _: None) -> BenchRun:
     """Time every (T, B, implementation, op) of ``config`` on ``device``.
 
     ``device`` is ``cuda`` for measurements; a smoke run may use the CPU (Triton interpreter).
-    A row that cannot be timed keeps its place with ``error`` set and no times.
+    A row that cannot be timed keeps its place with ``error`` set and no times. On
+    ``KeyboardInterrupt`` it stops and returns the rows finished so far, ``interrupted``.
     """
     from traces.provenance import environment
 
@@ -609,42 +618,48 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
     impls, cuda, mode, calls, timer, ceiling = _start(config, device, progress)
 
     rows: list[Row] = []
-    for T in config.spec_lens:
-        for B in config.batches:
-            counts = accepted_counts(config.accept, B, T, config.seed)
-            commit_lens = [min(n, T) for n in counts]
-            if config.smoke:
-                n_sets = _SMOKE_SETS
-            else:
-                free = torch.cuda.mem_get_info(device)[0] if cuda else None
-                n_sets = choose_sets(shape.slot_bytes, B, config.touch_bytes,
-                                     set_bytes(preset, state_dtype, B, T), free)
-            for spec, impl in impls.items():
-                try:
-                    work = Workload(impl, preset, state_dtype, B, T, counts, n_sets, device, config.seed)
-                except (RuntimeError, ValueError, TypeError) as exc:
-                    work, setup_error = None, f"workload set-up failed: {type(exc).__name__}: {exc}"
-                for name in config.ops:
-                    nbytes = op_bytes(name, shape, B, T, commit_lens)
-                    row = Row(spec, name, B, T, mode, n_sets, 0, None, None, None, nbytes, sum(commit_lens))
-                    rows.append(row)
-                    if work is None:
-                        row.error = setup_error
-                        continue
-                    progress(f"{spec} {name} B={B} T={T} ({n_sets} sets)")
+    try:
+        for T in config.spec_lens:
+            for B in config.batches:
+                counts = accepted_counts(config.accept, B, T, config.seed)
+                commit_lens = [min(n, T) for n in counts]
+                if config.smoke:
+                    n_sets = _SMOKE_SETS
+                else:
+                    free = torch.cuda.mem_get_info(device)[0] if cuda else None
+                    n_sets = choose_sets(shape.slot_bytes, B, config.touch_bytes,
+                                         set_bytes(preset, state_dtype, B, T), free)
+                for spec, impl in impls.items():
                     try:
-                        times = _time_calls(lambda: work.run(name), lambda: work.restore(name), n_sets, timer,
-                                            config, calls)
-                        if not work.finite():
-                            raise RuntimeError("non-finite values in outputs, records or state")
-                    except Exception as exc:  # a failed row is reported, never timed wrongly
-                        row.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                        progress(f"{spec} {name} B={B} T={T}: {row.error}")
-                        continue
-                    _fill_times(row, times, ceiling)
-                del work
-                if cuda:
-                    torch.cuda.empty_cache()
+                        work = Workload(impl, preset, state_dtype, B, T, counts, n_sets, device, config.seed)
+                    except (RuntimeError, ValueError, TypeError) as exc:
+                        work, setup_error = None, f"workload set-up failed: {type(exc).__name__}: {exc}"
+                    for name in config.ops:
+                        nbytes = op_bytes(name, shape, B, T, commit_lens)
+                        row = Row(spec, name, B, T, mode, n_sets, 0, None, None, None, nbytes, sum(commit_lens))
+                        rows.append(row)
+                        if work is None:
+                            row.error = setup_error
+                            continue
+                        progress(f"{spec} {name} B={B} T={T} ({n_sets} sets)")
+                        try:
+                            times = _time_calls(lambda: work.run(name), lambda: work.restore(name), n_sets, timer,
+                                                config, calls)
+                            if not work.finite():
+                                raise RuntimeError("non-finite values in outputs, records or state")
+                        except Exception as exc:  # a failed row is reported, never timed wrongly
+                            row.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                            progress(f"{spec} {name} B={B} T={T}: {row.error}")
+                            continue
+                        _fill_times(row, times, ceiling)
+                    del work
+                    if cuda:
+                        torch.cuda.empty_cache()
+    except KeyboardInterrupt:  # keep what is finished; the row in flight has neither times nor error
+        rows = _finished(rows)
+        interrupted = True
+    else:
+        interrupted = False
 
     workload = {
         "preset": config.preset, "heads": preset.heads, "head_k_dim": preset.head_k_dim,
@@ -655,6 +670,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
     }
     return BenchRun(workload=workload, timing=_timing(config, mode, timer), environment=environment(),
                     copy_ceiling=ceiling, rows=rows, label=SMOKE_LABEL if config.smoke else None,
+                    interrupted=interrupted,
                     created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -741,39 +757,45 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
     impls, cuda, mode, calls, timer, ceiling = _start(config, device, progress)
     index_roles = ("query_start_loc", "state_indices", "record_indices", "record_rows")
     rows: list[Row] = []
-    for spec, impl in impls.items():
-        broken, st = None, None
-        try:
-            st = TraceState(trace, impl, device)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            broken = f"trace set-up failed: {type(exc).__name__}: {exc}"
-        for i, event in enumerate(trace.events):
-            host = {role: trace.tensor(name).tolist() for role, name in event.inputs.items() if role in index_roles}
-            row = Row(spec, event.op, len(host["state_indices"]), m.dims.T, mode, 1, 0, None, None, None, 0, 0,
-                      event=i)
-            rows.append(row)
-            if broken is not None:
-                row.error = broken
-                continue
-            snap = st.snapshot()
-            plan = {f: snap[f"plan.{f}"].tolist() for f in PLAN_FIELDS}
-            row.bytes, row.committed_tokens = event_bytes(event.op, shape, m.dims.T, host, plan,
-                                                          snap["pending"].tolist())
-            progress(f"{spec} event {i} {event.op} B={row.batch}")
+    try:
+        for spec, impl in impls.items():
+            broken, st = None, None
             try:
-                x = {role: t.to(device) for role, t in trace.tensors(event.inputs).items()}
-                call = st.call(event.op, x, event.attrs)
-                times = _time_calls(call, lambda: st.restore(snap), 1, timer, config, calls)
-                _fill_times(row, times, ceiling)
-                st.restore(snap)
-                call()
-            except Exception as exc:  # the buffers can no longer follow the trace
-                row.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                progress(f"{spec} event {i} {event.op}: {row.error}")
-                broken = f"not timed: event {i} failed"
-        st = None
-        if cuda:
-            torch.cuda.empty_cache()
+                st = TraceState(trace, impl, device)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                broken = f"trace set-up failed: {type(exc).__name__}: {exc}"
+            for i, event in enumerate(trace.events):
+                host = {role: trace.tensor(name).tolist() for role, name in event.inputs.items() if role in index_roles}
+                row = Row(spec, event.op, len(host["state_indices"]), m.dims.T, mode, 1, 0, None, None, None, 0, 0,
+                          event=i)
+                rows.append(row)
+                if broken is not None:
+                    row.error = broken
+                    continue
+                snap = st.snapshot()
+                plan = {f: snap[f"plan.{f}"].tolist() for f in PLAN_FIELDS}
+                row.bytes, row.committed_tokens = event_bytes(event.op, shape, m.dims.T, host, plan,
+                                                              snap["pending"].tolist())
+                progress(f"{spec} event {i} {event.op} B={row.batch}")
+                try:
+                    x = {role: t.to(device) for role, t in trace.tensors(event.inputs).items()}
+                    call = st.call(event.op, x, event.attrs)
+                    times = _time_calls(call, lambda: st.restore(snap), 1, timer, config, calls)
+                    _fill_times(row, times, ceiling)
+                    st.restore(snap)
+                    call()
+                except Exception as exc:  # the buffers can no longer follow the trace
+                    row.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                    progress(f"{spec} event {i} {event.op}: {row.error}")
+                    broken = f"not timed: event {i} failed"
+            st = None
+            if cuda:
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt:
+        rows = _finished(rows)
+        interrupted = True
+    else:
+        interrupted = False
     workload = {
         "trace": str(trace.path), "events": len(trace.events), "heads": m.dims.H, "head_k_dim": m.dims.K,
         "head_v_dim": m.dims.V, "spec_lens": [m.dims.T], "activation_dtype": m.activation_dtype,
@@ -784,7 +806,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
         "buffer of >= 4x L2 (eager: then synchronise); timed with CUDA events: one graph replay (or eager call) "
         "of the event's one call")}
     return BenchRun(workload=workload, timing=timing, environment=environment(), copy_ceiling=ceiling, rows=rows,
-                    label=SMOKE_LABEL if config.smoke else None,
+                    label=SMOKE_LABEL if config.smoke else None, interrupted=interrupted,
                     created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -803,9 +825,17 @@ def impl_ratios(run: BenchRun) -> dict[tuple, float]:
 
 
 def save_run(run: BenchRun, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(run.to_dict(), f, indent=1)
-        f.write("\n")
+    """Write ``run`` as JSON to ``path`` whole or not at all: into a file beside it, then renamed
+    over it, so that an interrupted save leaves no half-written file."""
+    partial = f"{path}.partial-{os.getpid()}"
+    try:
+        with open(partial, "w") as f:
+            json.dump(run.to_dict(), f, indent=1)
+            f.write("\n")
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
 
 
 def load_run(path: str) -> BenchRun:
@@ -823,7 +853,8 @@ def load_run(path: str) -> BenchRun:
         rows = [Row(**r) for r in data["rows"]]
         return BenchRun(workload=data["workload"], timing=data["timing"], environment=data["environment"],
                         copy_ceiling=data["copy_ceiling"], rows=rows, label=data.get("label"),
-                        created=data.get("created", ""), schema=data["schema"])
+                        created=data.get("created", ""), schema=data["schema"],
+                        interrupted=bool(data.get("interrupted", False)))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: malformed kda bench result ({exc})") from exc
 

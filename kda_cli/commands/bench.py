@@ -6,8 +6,10 @@ The engine (workloads, timing, byte counts, save/compare) is ``traces.bench``.
 from __future__ import annotations
 
 import json
+import signal
 import sys
-from typing import List, Optional
+from contextlib import contextmanager
+from typing import Iterator, List, Optional
 
 import typer
 
@@ -15,6 +17,20 @@ from kda_cli.app import app
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console
 
 NO_GPU = "kda bench needs a CUDA GPU; none found (use --interpreter-smoke for a CPU smoke run)"
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM (``timeout``, a job scheduler) stops the run as Ctrl-C does, so the
+    rows finished so far are still saved and printed."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _ints(option: str, text: Optional[str]) -> tuple[int, ...]:
@@ -134,7 +150,7 @@ def bench(
 ) -> None:
     """Time verify, plan, defer, commit, flush, flush-verify and whole decode steps on a CUDA GPU.
 
-    Each sample replays one CUDA graph over enough disjoint state slots that state comes from DRAM, with consumed state restored and L2 flushed between samples; rows report median, p10/p90 and count, contract bytes per call, GB/s and the fraction of a copy ceiling measured in the same run. With --trace, each recorded event is timed from the buffers just before it.
+    Each sample replays one CUDA graph over enough disjoint state slots that state comes from DRAM, with consumed state restored and L2 flushed between samples; rows report median, p10/p90 and count, contract bytes per call, GB/s and the fraction of a copy ceiling measured in the same run. With --trace, each recorded event is timed from the buffers just before it. Ctrl-C or SIGTERM stops the run: the rows finished are saved and printed, and it exits 3.
     """
     check_format(format)
     if trace is not None:
@@ -180,7 +196,7 @@ def bench(
             raise CommandError(NO_GPU, EXIT_RUNTIME)
         device = "cuda"
 
-    with bad_input():
+    with bad_input(), _terminate_as_interrupt():
         if trace is not None:
             from traces.io import read_trace
 
@@ -210,6 +226,9 @@ def bench(
         print(json.dumps(out))
     else:
         _render_human(run, ratios, comparison)
+    if run.interrupted:
+        kept = f"; they are in {save}" if save is not None else ""
+        raise CommandError(f"interrupted after {len(run.rows)} finished rows{kept}", EXIT_RUNTIME)
     failed = [r for r in run.rows if r.error]
     if failed:
         r = failed[0]
