@@ -256,7 +256,7 @@ def test_sigterm_saves_the_finished_rows_and_exits_3(tmp_path):
         proc.kill()
     assert started == 2
     assert proc.returncode == 3
-    assert stderr.strip().splitlines()[-1] == f"Error: interrupted after 1 finished rows; they are in {saved}"
+    assert stderr.strip().splitlines()[-1] == f"Error: interrupted after 1 finished row, saved to {saved}"
     printed = json.loads(stdout)
     assert printed["interrupted"] and [r["name"] for r in printed["rows"]] == ["plan"]
     loaded = bench.load_run(str(saved))

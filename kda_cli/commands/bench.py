@@ -227,8 +227,9 @@ def bench(
     else:
         _render_human(run, ratios, comparison)
     if run.interrupted:
-        kept = f"; they are in {save}" if save is not None else ""
-        raise CommandError(f"interrupted after {len(run.rows)} finished rows{kept}", EXIT_RUNTIME)
+        finished = f"{len(run.rows)} finished {'row' if len(run.rows) == 1 else 'rows'}"
+        kept = f", saved to {save}" if save is not None else ""
+        raise CommandError(f"interrupted after {finished}{kept}", EXIT_RUNTIME)
     failed = [r for r in run.rows if r.error]
     if failed:
         r = failed[0]
