@@ -150,9 +150,9 @@ def _token_loop_kernel(
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, folded one
     recorded token at a time (``fold_recorded_token``); the state after ``recovery`` tokens
-    goes to the boundary slot, after ``n`` to the final one. Each token's work is elementwise over the
-    tile but for its key's norm, and nothing is stored before the last token, so every
-    token's loads can go out at once."""
+    goes to the boundary slot, after ``n`` to the final one. Each token's work is elementwise
+    over the tile but for its key's norm, and nothing is stored before the last token, so
+    every token's loads can go out at once."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)

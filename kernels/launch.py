@@ -82,12 +82,12 @@ def fold_depth(block_t: int) -> int:
 class VerifyConfig:
     """Tiles of the verify kernels. ``token_loop``: the window one token at a time, on
     ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
-    over ``one_pass``).
-    ``one_pass``: one kernel, whose programs each build the window's operands and take their
-    products with a state tile, on the state kernel's tiles (``block_v``, ``state_block_k``,
-    ``stages``, ``num_warps``); otherwise the key side and the state kernel. ``block_t``: rows per token tile; ``window_block_k``,
-    ``state_block_k``: key channels per step of the key-side and the state kernel;
-    ``stages``: loads in flight in the state kernel; ``window_warps``: warps per key-side program;
+    over ``one_pass``). ``one_pass``: one kernel, whose programs each build the window's
+    operands and take their products with a state tile, on the state kernel's tiles
+    (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side and the
+    state kernel. ``block_t``: rows per token tile; ``window_block_k``, ``state_block_k``: key
+    channels per step of the key-side and the state kernel; ``stages``: loads in flight in the
+    state kernel; ``window_warps``: warps per key-side program;
     ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice);
     ``window_release``: where a key-side program lets the state kernel launch under dependent
     launch, ``"start"``, ``"end"`` or ``"exit"``; ``wait_by_row``: under dependent launch, a
@@ -128,8 +128,9 @@ class CommitConfig:
     (row, head) by a kernel of their own, ``block_t`` rows (tokens) each, one program per
     ``operand_block_k`` key channels on ``operand_warps`` warps; otherwise each V-tile
     rebuilds them. ``block_kk``: state columns (key channels) per step, ``boundary_block_kk``
-    on rows that also write a boundary slot; ``stages``: loads in flight; ``wait_by_row``: with ``operand_once``, under dependent
-    launch, a state program waits for its row's fold operands only."""
+    on rows that also write a boundary slot; ``stages``: loads in flight; ``wait_by_row``: with
+    ``operand_once``, under dependent launch, a state program waits for its row's fold
+    operands only."""
 
     operand_once: bool
     token_loop: bool
