@@ -31,7 +31,9 @@ beside it (one pass), one run (us, T=4 / T=8): B=1 5.9 / 10.7 against 10.1 / 11.
 10.2 against 10.3 / 11.5; B=8 10.6 / 15.7 against 10.7 / 11.7; B=16 14.7 / 22.4 against 13.4 /
 14.4. A program's serial chain is a token's reductions, so it grows with the window. Tiles
 of 4 state rows up to a window of 4, else 8 (H200, one run, T=4: B=1 / 2 / 4 / 8 4.8 / 5.2 /
-6.0 / 9.1 us against 5.5 / 5.7 / 6.3 / 10.2; T=8: 8.1 / 8.6 / 12.6 against 8.6 / 9.2 / 9.1)."""
+6.0 / 9.1 us against 5.5 / 5.7 / 6.3 / 10.2; T=8: 8.1 / 8.6 / 12.6 against 8.6 / 9.2 / 9.1).
+The window's inputs read at once, in one run at T=4: B=1 / 2 / 4 / 8 3.6 / 3.9 / 5.6 / 9.0 us
+against 4.9 / 5.2 / 6.0 / 9.1 token by token; T=8, B=1 7.1 us (8.7 in an earlier run)."""
 
 _FLUSH_TOKEN_LOOP_TOKENS = 384
 _FLUSH_TOKEN_LOOP_WINDOW = 4
@@ -39,10 +41,12 @@ _FLUSH_NARROW_PAIRS = 24
 """A flushing verify runs as one token loop (which first folds up to a window of pending
 records) up to ``_FLUSH_TOKEN_LOOP_TOKENS`` (row, head) pairs times the window, for windows
 up to ``_FLUSH_TOKEN_LOOP_WINDOW``, on tiles of 4 state rows up to ``_FLUSH_NARROW_PAIRS``
-pairs, else 8. H200, H=12, one run (us), against the two kernels (14.7 at B=1, 15.3 at B=4,
-17.0 at B=8): T=4, B=1 / 2 / 4 / 8, 4 rows 10.0 / 8.9 / 13.2 / 18.3, 8 rows 12.2 / 9.1 / 10.7 /
-13.3; T=8, B=1 / 2 / 4 16.9 / 13.1 / 14.0 on 4 rows (8 rows spill: 22.1 / 21.3 / 14.5), against
-15.3 at B=1 and 15.9 at B=4."""
+pairs, else 8. On 4 rows the window's inputs are read at once, on 8 token by token (H200,
+T=4, one run, us, at once against token by token: B=1 8.8 / 10.6 and B=2 8.0 / 8.9 on 4 rows;
+B=4 10.4 / 10.8 and B=8 18.8 / 13.4 on 8 rows). Earlier, H200, H=12, one run (us), against
+the two kernels (14.7 at B=1, 15.3 at B=4, 17.0 at B=8): T=4, B=1 / 2 / 4 / 8, 4 rows 10.0 / 8.9
+/ 13.2 / 18.3, 8 rows 12.2 / 9.1 / 10.7 / 13.3; T=8, B=1 / 2 / 4 16.9 / 13.1 / 14.0 on 4 rows (8
+rows spill: 22.1 / 21.3 / 14.5), against 15.3 at B=1 and 15.9 at B=4."""
 
 _COMMIT_TOKEN_LOOP_PAIRS = 384
 _COMMIT_TOKEN_LOOP_WORK = 6144
@@ -82,7 +86,8 @@ def fold_depth(block_t: int) -> int:
 class VerifyConfig:
     """Tiles of the verify kernels. ``token_loop``: the window one token at a time, on
     ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
-    over ``one_pass``). ``one_pass``: one kernel, whose programs each build the window's
+    over ``one_pass``), the window's inputs read at once (``token_window_at_once``) or token
+    by token. ``one_pass``: one kernel, whose programs each build the window's
     operands and take their products with a state tile, on the state kernel's tiles
     (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side and the
     state kernel. ``block_t``: rows per token tile; ``window_block_k``, ``state_block_k``: key
@@ -97,6 +102,7 @@ class VerifyConfig:
     token_loop: bool
     token_block_v: int
     token_block_t: int
+    token_window_at_once: bool
     block_k: int
     block_v: int
     block_t: int
@@ -195,6 +201,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_loop=token_loop,
         token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
         token_block_t=triton.next_power_of_2(spec_query_len),
+        token_window_at_once=not flush or token_rows == 4,
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,

@@ -80,12 +80,18 @@ def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pe
 
 
 @triton.jit
+def planned_flush_count(count, SPEC_QUERY_LEN: tl.constexpr):
+    """A pending count as a flush plans it: clamped to ``[0, SPEC_QUERY_LEN]``."""
+    return tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN)
+
+
+@triton.jit
 def store_flush_plan(rows, mask, slot, count, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
                      boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN: tl.constexpr):
     """Plan rows ``rows`` (where ``mask``; a scalar or a vector, like ``slot`` and ``count``)
     to fold ``count`` pending records into ``slot`` in place, with no boundary slot. Returns
-    the count as planned, clamped to ``[0, SPEC_QUERY_LEN]``."""
-    count = tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN)
+    the count as planned (``planned_flush_count``)."""
+    count = planned_flush_count(count, SPEC_QUERY_LEN)
     tl.store(commit_lens_ptr + rows, count, mask=mask)
     tl.store(final_state_indices_ptr + rows, slot, mask=mask)
     tl.store(boundary_state_indices_ptr + rows, null_block_id, mask=mask)

@@ -58,10 +58,12 @@ def window_keys_and_gates(k_raw, g_raw, key_inverse_norm, live, dt_bias, A, lowe
 
 @triton.jit
 def token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
-    """One token's normalised key and decay ``exp(g)``, ``[BK]`` vectors each, from its raw
-    key and gate over every key channel (masked lanes hold 0) and the head's ``dt_bias [BK]``:
-    the per-token form of ``window_keys_and_gates``, for kernels that step token by token."""
-    key = k_raw.to(tl.float32) * inverse_norm(sum_of_squares(k_raw))
+    """Normalised keys and decays ``exp(g)`` of whole tokens, for kernels that step token by
+    token: from raw keys and gates over every key channel, one token a row (``[BK]`` for
+    one token, ``[BT, BK]`` for a window; masked entries 0), and the head's ``dt_bias``
+    (``[BK]``, or ``[1, BK]`` against a window). The whole-key form of ``window_keys_and_gates``."""
+    x = k_raw.to(tl.float32)
+    key = x * inverse_norm(tl.sum(x * x, axis=-1, keep_dims=True))
     return key, tl.exp(kda_log_decay(g_raw.to(tl.float32), dt_bias, A, lower_bound, HAS_LOWER_BOUND))
 
 
@@ -122,6 +124,18 @@ def fold_operand(g, G, key, count, offs_t):
 def tile_row(x, rows, t):
     """Row ``t`` of a ``[BT, N]`` tile as an ``[N]`` vector; ``rows`` is ``arange(0, BT)``."""
     return tl.sum(tl.where(rows[:, None] == t, x, 0.0), axis=0)
+
+
+@triton.jit
+def vector_entry(x, offsets, t):
+    """Entry ``t`` of a ``[BT]`` vector as a scalar; ``offsets`` is ``arange(0, BT)``."""
+    return tl.sum(tl.where(offsets == t, x, 0.0))
+
+
+@triton.jit
+def tile_column(x, columns, t):
+    """Column ``t`` of a ``[N, BT]`` tile as an ``[N]`` vector; ``columns`` is ``arange(0, BT)``."""
+    return tl.sum(tl.where(columns[None, :] == t, x, 0.0), axis=1)
 
 
 @triton.jit

@@ -65,10 +65,10 @@ from kernels.dependent_launch import (
 )
 from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
-from kernels.plan import store_flush_plan
+from kernels.plan import planned_flush_count, store_flush_plan
 from kernels.triton_math import (
-    inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_row,
-    token_key_and_decay, window_keys_and_gates,
+    inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_column, tile_row,
+    token_key_and_decay, vector_entry, window_keys_and_gates,
 )
 
 
@@ -539,7 +539,7 @@ def _token_loop_kernel(
     counters_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FLUSH: tl.constexpr, DEPENDENT: tl.constexpr,
+    FLUSH: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
     the window one token at a time (docs: section 2): two row reductions a token (the
@@ -547,9 +547,13 @@ def _token_loop_kernel(
     few (row, head) pairs, where each program's chain sets the time. ``BT``: the window
     rounded up to a power of two.
 
-    Every load goes out before the first store (for all the compiler knows, they may alias),
-    so no token's loads wait behind another's results: the key records are read up front and
-    stored after the window with the outputs and corrections.
+    With ``WINDOW_AT_ONCE`` the window's keys, gates, queries, values and betas are read at
+    once, as ``[BT, BK]`` (``[BV, BT]``) blocks, and each token takes its row (``tile_row``);
+    otherwise each token reads its own, and its loads go out only after the previous token's
+    reductions (warps issue in order, and the compiler sinks loads toward their use), with
+    fewer registers held. Either way every load goes out before the first store (for all the
+    compiler knows, they may alias): the key records are read up front and stored after the
+    window with the outputs and corrections.
 
     With ``FLUSH`` each tile first folds the row's pending records (``fold_recorded_token``)
     and is stored back in place, rounded to the slot's dtype, and the window runs from it. The
@@ -559,7 +563,7 @@ def _token_loop_kernel(
     the last program of the row clears the count (``last_to_arrive`` on ``counters``: ``B * H``
     for the (row, head) pairs, then ``B`` for the rows, zero between launches). The records
     are read whatever the count, so that their loads need not wait for it. The first program
-    of a row writes its flush plan."""
+    of a row writes its flush plan, last."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -571,9 +575,8 @@ def _token_loop_kernel(
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if FLUSH:
         owned = (slot > null_block_id) & (rec >= 0)
-        pending = store_flush_plan(b, (pid_v == 0) & (h == 0), slot, tl.load(pending_ptr + rec, mask=owned, other=0),
-                                   commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-                                   boundary_recovery_lens_ptr, null_block_id, T)
+        pending_count = tl.load(pending_ptr + rec, mask=owned, other=0)
+        pending = planned_flush_count(pending_count, T)
         writes_records = owned
     else:
         writes_records = (pid_v == 0) & (rec >= 0)
@@ -588,9 +591,21 @@ def _token_loop_kernel(
         dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
         offs_t = tl.arange(0, BT)
         window = start + offs_t[:, None]
-        recorded = (offs_t < tl.where(writes_records, length, 0))[:, None] & mask_k[None, :]
-        key_records = tl.load(k_ptr + window * stride_k_tok + h * K + offs_k[None, :], mask=recorded)
-        gate_records = tl.load(g_ptr + window * stride_g_tok + h * K + offs_k[None, :], mask=recorded)
+        in_window = (offs_t < length)[:, None] & mask_k[None, :]
+        # the window's raw keys and gates: its key records, and read at once, its inputs
+        recorded = (offs_t < tl.where(writes_records | WINDOW_AT_ONCE, length, 0))[:, None] & mask_k[None, :]
+        k_window = tl.load(k_ptr + window * stride_k_tok + h * K + offs_k[None, :], mask=recorded, other=0.0)
+        g_window = tl.load(g_ptr + window * stride_g_tok + h * K + offs_k[None, :], mask=recorded, other=0.0)
+        if WINDOW_AT_ONCE:
+            q_window = tl.load(q_ptr + window * stride_q_tok + h * K + offs_k[None, :], mask=in_window, other=0.0)
+            values_window = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
+                                    mask=mask_v[:, None] & (offs_t < length)[None, :], other=0.0).to(tl.float32)
+            betas = tl.sigmoid(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=offs_t < length,
+                                       other=0.0).to(tl.float32))
+            keys, decays = token_key_and_decay(k_window, g_window, dt_bias[None, :], A_h, lower_bound,
+                                               HAS_LOWER_BOUND)
+            queries = q_window.to(tl.float32) * (inverse_norm(sum_of_squares(q_window)) * K ** -0.5)[:, None]
+            keys_dot_queries = tl.sum(keys * queries, axis=1)
         if FLUSH:
             # every pending record of an owned row is read up front, not after the count arrives
             for t in tl.static_range(T):
@@ -601,22 +616,31 @@ def _token_loop_kernel(
         cols = tl.arange(0, BM)[None, :]
         UO = tl.zeros((BV, BM), tl.float32)  # as _state_kernel's: corrections, then outputs
         for t in tl.static_range(T):
-            live = t < length
-            live_k = offs_k < tl.where(live, K, 0)
-            tok = start + t
-            k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k, mask=live_k, other=0.0)
-            g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k, mask=live_k, other=0.0)
-            q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k, mask=live_k, other=0.0)
-            values = tl.load(v_ptr + tok * stride_v_tok + h * V + offs_v, mask=offs_v < tl.where(live, V, 0),
-                             other=0.0).to(tl.float32)
-            beta = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0).to(tl.float32))
             # [BK] vectors, broadcast against the tile only in its products
-            key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
-            query = q_raw.to(tl.float32) * (inverse_norm(sum_of_squares(q_raw)) * K ** -0.5)
+            if WINDOW_AT_ONCE:
+                key = tile_row(keys, offs_t, t)
+                decay = tile_row(decays, offs_t, t)
+                query = tile_row(queries, offs_t, t)
+                values = tile_column(values_window, offs_t, t)
+                beta = vector_entry(betas, offs_t, t)
+                key_dot_query = vector_entry(keys_dot_queries, offs_t, t)
+            else:
+                live = t < length
+                live_k = offs_k < tl.where(live, K, 0)
+                tok = start + t
+                k_raw = tl.load(k_ptr + tok * stride_k_tok + h * K + offs_k, mask=live_k, other=0.0)
+                g_raw = tl.load(g_ptr + tok * stride_g_tok + h * K + offs_k, mask=live_k, other=0.0)
+                q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k, mask=live_k, other=0.0)
+                values = tl.load(v_ptr + tok * stride_v_tok + h * V + offs_v, mask=offs_v < tl.where(live, V, 0),
+                                 other=0.0).to(tl.float32)
+                beta = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0).to(tl.float32))
+                key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
+                query = q_raw.to(tl.float32) * (inverse_norm(sum_of_squares(q_raw)) * K ** -0.5)
+                key_dot_query = tl.sum(key * query)
             # Both reductions read the state before this token's update, so neither waits for
             # the other: S_t q^ = (S_{t-1} a_t) q^ + u_t (k^ . q^).
             correction = beta * (values - tl.sum(S * (decay * key)[None, :], axis=1))
-            output = tl.sum(S * (decay * query)[None, :], axis=1) + correction * tl.sum(key * query)
+            output = tl.sum(S * (decay * query)[None, :], axis=1) + correction * key_dot_query
             if t + 1 < T:  # the state after the window is never stored
                 S = recurrence_step(S, decay[None, :], key[None, :], correction[:, None])
             UO = tl.where(cols == t, correction[:, None], tl.where(cols == BT + t, output[:, None], UO))
@@ -633,11 +657,14 @@ def _token_loop_kernel(
         _store_corrections(UO, correction_ptr, rec, h, length, offs_v, mask_v[:, None], H, V, T, BM)
         if writes_records:
             kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
-            tl.store(kg_rows + offs_k[None, :], key_records, mask=recorded)
-            tl.store(kg_rows + K + offs_k[None, :], gate_records, mask=recorded)
+            tl.store(kg_rows + offs_k[None, :], k_window, mask=recorded)
+            tl.store(kg_rows + K + offs_k[None, :], g_window, mask=recorded)
     elif length > 0:
         _store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v[:, None],
                        stride_out_tok, V, BM)
+    if FLUSH:  # last: warps issue in order, and a store waiting for the count would hold up every load behind it
+        store_flush_plan(b, (pid_v == 0) & (h == 0), slot, pending_count, commit_lens_ptr, final_state_indices_ptr,
+                         boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, T)
 
 
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
@@ -661,6 +688,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         counters = row_counters(v.device, B * H + B) if flush else None
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
             *single, pending, *plan_rows, counters, BV=cfg.token_block_v, BT=cfg.token_block_t, FLUSH=flush,
+            WINDOW_AT_ONCE=cfg.token_window_at_once,
             num_warps=1, **single_options)
         return
     if cfg.one_pass:

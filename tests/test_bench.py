@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -193,6 +194,21 @@ def test_trace_refuses_preset_options():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "Error: --batch, --accept describe a preset sweep and do not apply with --trace"]
+
+
+def test_a_signal_during_capture_waits_for_its_end():
+    """SIGTERM and Ctrl-C inside ``interrupts_held`` (a CUDA graph capture) stop the run only
+    once the block is done; the handlers in place before are back after it."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        before = signal.getsignal(sig)
+        finished = []
+        with pytest.raises(KeyboardInterrupt):
+            with bench.interrupts_held():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.05)  # the handler runs here, in the main thread
+                finished.append(True)
+        assert finished == [True]
+        assert signal.getsignal(sig) is before
 
 
 def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_path):

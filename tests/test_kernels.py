@@ -56,7 +56,7 @@ CONFIGS = [
 
 COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
 VERIFY_DESIGNS = ["token-loop", "two-kernels", "one-pass"]
-FLUSHING_DESIGNS = ["token-loop", "two-kernels"]
+FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "two-kernels"]
 # the stock round trip pairs every design of each kernel with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
                  ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
@@ -92,12 +92,16 @@ def use_verify_design(monkeypatch, name: str) -> None:
 
 def use_flushing_design(monkeypatch, name: str) -> None:
     """Run every flushing verify through design ``name``, whatever the batch: one token at a
-    time, folding first; the key side (with the fold programs) and the folding state kernel."""
-    token_loop = name == "token-loop"
+    time, folding first, on 4-row tiles with the window's inputs read at once or on 8-row
+    tiles token by token; the key side (with the fold programs) and the folding state kernel."""
+    token_loop = name.startswith("token-loop")
+    at_once = name == "token-loop-at-once"
     monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
     monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 1 << 30)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_NARROW_PAIRS", 1 << 30 if at_once else -1)
     flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
     assert (flushing.token_loop, flushing.one_pass) == (token_loop, False)
+    assert flushing.token_window_at_once == at_once
 
 
 @pytest.fixture(params=COMMIT_DESIGNS)
@@ -124,6 +128,9 @@ def test_verify_design_follows_pair_count():
     assert config(16, 12, 128, 128, 8).one_pass
     assert not config(17, 12, 128, 128, 8).one_pass
     assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (1, 2, 3, 8)] == [4, 4, 8, 8]
+    at_once = [config(b, 12, 128, 128, 4, flush=True).token_window_at_once for b in (1, 2, 3, 8)]
+    assert at_once == [True, True, False, False]
+    assert config(1, 12, 128, 128, 8).token_window_at_once and config(8, 12, 128, 128, 4).token_window_at_once
     assert config(8, 12, 128, 128, 4, flush=True).token_loop
     assert not config(9, 12, 128, 128, 4, flush=True).token_loop
     for flushing in (config(1, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):

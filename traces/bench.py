@@ -67,11 +67,14 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -515,6 +518,26 @@ class SyncError(RuntimeError):
     """The implementation synchronised with the host, so it cannot run inside a CUDA graph."""
 
 
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Within: Ctrl-C and SIGTERM wait, then stop the run (``KeyboardInterrupt``) as the block
+    ends, so that a CUDA graph capture is never cut half way (the stream would be left
+    capturing). Only in the main thread, where signal handlers run; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if arrived:
+        raise KeyboardInterrupt
+
+
 def _warm_and_capture(run: Callable[[], None], restore: Callable[[], None]) -> torch.cuda.CUDAGraph:
     """Warm up on a side stream (compiles kernels), check that no call synchronises with the
     host, then capture ``run`` in a CUDA graph. Nothing is timed here."""
@@ -537,7 +560,7 @@ def _warm_and_capture(run: Callable[[], None], restore: Callable[[], None]) -> t
     if failure is not None:
         raise SyncError(f"synchronises with the host, so it cannot run in a CUDA graph (use --eager): {failure}")
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with interrupts_held(), torch.cuda.graph(graph):
         run()
     torch.cuda.synchronize()
     return graph
