@@ -68,6 +68,15 @@ def token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND: 
 
 
 @triton.jit
+def token_queries(q_raw, K: tl.constexpr):
+    """Normalised queries scaled by ``K ** -0.5`` (docs: section 2) of whole tokens, one token a
+    row (``[BK]`` or ``[BT, BK]``, over every key channel, masked entries 0): the query's
+    counterpart of ``token_key_and_decay``."""
+    x = q_raw.to(tl.float32)
+    return x * (inverse_norm(tl.sum(x * x, axis=-1, keep_dims=True)) * K ** -0.5)
+
+
+@triton.jit
 def record_key_inverse_norms(kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
     """``inverse_norm`` of each recorded key, ``[BT, 1]``, summed over ``BK`` channels ``BKK``
     at a time; ``kg_rows [BT, 1]`` points at each token's raw key-and-gate record, rows where

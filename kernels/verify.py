@@ -68,7 +68,7 @@ from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import planned_flush_count, store_flush_plan
 from kernels.triton_math import (
     inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_column, tile_row,
-    token_key_and_decay, vector_entry, window_keys_and_gates,
+    token_key_and_decay, token_queries, vector_entry, window_keys_and_gates,
 )
 
 
@@ -604,7 +604,7 @@ def _token_loop_kernel(
                                        other=0.0).to(tl.float32))
             keys, decays = token_key_and_decay(k_window, g_window, dt_bias[None, :], A_h, lower_bound,
                                                HAS_LOWER_BOUND)
-            queries = q_window.to(tl.float32) * (inverse_norm(sum_of_squares(q_window)) * K ** -0.5)[:, None]
+            queries = token_queries(q_window, K)
             keys_dot_queries = tl.sum(keys * queries, axis=1)
         if FLUSH:
             # every pending record of an owned row is read up front, not after the count arrives
@@ -635,7 +635,7 @@ def _token_loop_kernel(
                                  other=0.0).to(tl.float32)
                 beta = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0).to(tl.float32))
                 key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
-                query = q_raw.to(tl.float32) * (inverse_norm(sum_of_squares(q_raw)) * K ** -0.5)
+                query = token_queries(q_raw, K)
                 key_dot_query = tl.sum(key * query)
             # Both reductions read the state before this token's update, so neither waits for
             # the other: S_t q^ = (S_{t-1} a_t) q^ + u_t (k^ . q^).
