@@ -232,6 +232,32 @@ def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_
     assert bench.load_run(str(tmp_path / "run.json")).interrupted
 
 
+def test_a_run_stopped_between_implementations_prints_the_rows_it_has(device, monkeypatch, capsys):
+    """Stopped after the first implementation's row of a case: the table shows that time and
+    says the second implementation did not run, where it raised a KeyError before."""
+    from kda_cli.commands.bench import _render_human
+    time_calls = bench._time_calls
+    calls = []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return time_calls(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_time_calls", interrupted_second)
+    config = bench.BenchConfig(preset="tiny", batches=(1,), ops=("plan",), impls=("triton", "reference"),
+                               smoke=True)
+    run = bench.run_bench(config, device)
+    assert run.interrupted and [(r.impl, r.name) for r in run.rows] == [("triton", "plan")]
+    capsys.readouterr()
+    _render_human(run, bench.impl_ratios(run), None)
+    plan_row = next(line for line in capsys.readouterr().out.splitlines() if " plan " in line)
+    cells = [c.strip() for c in plan_row.strip("│┃ ").split("│")]
+    assert cells[:3] == ["plan", "1", "2"]
+    assert cells[5].endswith(f"x{run.rows[0].count}") and cells[6:] == ["not run", "-"]
+
+
 def test_save_is_whole_or_nothing(tmp_path, monkeypatch):
     """A save that fails half way leaves the file as it was and nothing beside it."""
     path = tmp_path / "run.json"

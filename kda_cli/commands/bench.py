@@ -95,11 +95,15 @@ def _render_human(run, ratios: dict, comparison) -> None:
     cases = list(dict.fromkeys(r.key[1:] for r in run.rows))
     for case in cases:
         name, B, T, event = case
-        first = by_key[(impls[0], *case)]
+        # a stopped run may hold a case for only some implementations
+        first = next(by_key[(impl, *case)] for impl in impls if (impl, *case) in by_key)
         cells = ([str(event)] if traced else []) + [name, str(B), str(T)] + ([] if traced else [str(first.n_sets)])
         cells.append(f"{first.bytes / 1e6:.3f}")
         for impl in impls:
-            r = by_key[(impl, *case)]
+            r = by_key.get((impl, *case))
+            if r is None:
+                cells += ["not run"] + (["-", "-"] if real else [])
+                continue
             if r.error:
                 cells.append(f"failed ({r.error.split(':')[0]})")
             else:
