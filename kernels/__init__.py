@@ -5,6 +5,8 @@ The public API (the same names in ``kernels.reference``)::
     kda_recoverssm_verify   run a speculative window from a read-only checkpoint
     kda_recoverssm_plan     stock commit plan (align mode included)
     kda_recoverssm_defer    move commit lengths into per-request pending counts
+    kda_recoverssm_plan_deferred
+                            plan, then defer, in one launch
     kda_recoverssm_commit   fold records into checkpoint slots
     kda_recoverssm_flush    fold and consume every pending count
     kda_recoverssm_flush_verify
@@ -19,6 +21,7 @@ from kernels.plan import (
     kda_recoverssm_defer,
     kda_recoverssm_flush,
     kda_recoverssm_plan,
+    kda_recoverssm_plan_deferred,
 )
 from kernels.verify import kda_recoverssm_flush_verify, kda_recoverssm_verify
 
@@ -26,6 +29,7 @@ OPS = ("verify", "plan", "defer", "commit", "flush")
 
 __all__ = [
     "NULL_BLOCK_ID", "OPS", "CommitPlan", "KDARecoverSSMRecords", "allocate_records",
-    "kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
+    "kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_plan_deferred",
+    "kda_recoverssm_commit",
     "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "_defer_commit_kernel", "_prepare_flush_plan_kernel",
 ]

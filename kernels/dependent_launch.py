@@ -25,7 +25,7 @@ the kernel ahead of it, so those writes are visible too. The counters come from
 so before the next producer kernel on the stream touches them.
 
 The same counters elect, within one kernel, the last of a group of programs to arrive
-(``last_to_arrive``), which resets its counter: a grid whose programs all read a buffer
+(``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid whose programs all read a buffer
 that one of them must then overwrite leaves the overwrite to the last reader, with no
 program waiting on another.
 
@@ -132,15 +132,36 @@ def await_producers(counter_ptr, producers, DEPENDENT: tl.constexpr, BY_ROW: tl.
 
 
 @triton.jit
-def last_to_arrive(counter_ptr, arrivals, present):
-    """Where ``present``, count this program in ``counter`` (one of ``row_counters``); true in
-    the last of ``arrivals`` programs to arrive, which also resets the counter to 0. Every
-    memory access of every program before its arrival happens before what the last one does
-    after it (a barrier, then acquire and release, GPU scope): so a kernel's last reader of a
-    buffer may overwrite it."""
-    tl.debug_barrier()
-    seen = tl.atomic_add(counter_ptr, 1, mask=present, sem="acq_rel", scope="gpu")
-    last = present & (seen == arrivals - 1)
+def gpu_fence(FENCED: tl.constexpr):
+    """``fence.acq_rel.gpu`` where ``FENCED`` (compiled kernels; the interpreter runs one
+    program at a time): this program's memory accesses before it happen before those after
+    it, for every program that synchronises with it through ``arrive``."""
+    if FENCED:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [tl.program_id(0)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def arrive(counter_ptr, present):
+    """Count this program in ``counter`` (one of ``row_counters``) where ``present``: a relaxed
+    atomic, released by a ``gpu_fence`` ahead of it. Returns the count before it, in lane 0 of
+    a ``[32]`` vector, for ``arrived_last``: nothing waits for the atomic's round trip until
+    that answer is read (a scalar atomic's answer is broadcast through shared memory behind a
+    barrier, which waits for it at once)."""
+    lane = tl.arange(0, 32)
+    # one address a lane, although only lane 0 adds: on a warp-uniform address the compiler
+    # aggregates the lanes' atomics and broadcasts the answer at once, waiting for it
+    return tl.atomic_add(counter_ptr + lane, 1, mask=lane < tl.where(present, 1, 0), sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def arrived_last(count_before, arrivals, counter_ptr, present):
+    """True in the last of ``arrivals`` programs to ``arrive`` on ``counter`` (``count_before``,
+    its answer), which resets the counter to 0. What the last one does after a ``gpu_fence``
+    that follows this happens after every access that the others made before their arrival's
+    fence: so a kernel's last reader of a buffer may overwrite it."""
+    lane = tl.arange(0, 32)
+    last = present & (tl.max(tl.where(lane == 0, count_before, -1), axis=0) == arrivals - 1)
     tl.store(counter_ptr, 0, mask=last)
     return last
 

@@ -1,4 +1,5 @@
 """Commit plans: the stock plan, deferral into pending counts, and the flush (docs: 6, 7).
+The deferred step's plan and deferral also run as one launch (``kda_recoverssm_plan_deferred``).
 
 Each step is a small integer kernel, ``_PLAN_BLOCK`` rows a program, writing into a
 ``CommitPlan`` allocated once; none allocates or synchronises, so a whole decode step can
@@ -18,13 +19,18 @@ from kernels.dependent_launch import await_prior_grid, dependent_launch, release
 _PLAN_BLOCK = 128
 
 
+@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
 @triton.jit
 def _commit_plan_kernel(
     num_accepted_ptr, query_start_loc_ptr, state_indices_ptr, block_table_ptr, num_computed_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    record_rows_ptr, pending_ptr, eager_ptr,
     batch, stride_state_indices, stride_block_table, block_table_width, block_size, null_block_id,
-    SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr, DEPENDENT: tl.constexpr,
+    SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr, DEFER: tl.constexpr,
+    HAS_EAGER: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
+    """``BLOCK`` rows a program: the stock plan (docs: section 6); with ``DEFER``, then
+    ``defer_rows`` on it, as ``_defer_commit_kernel`` would after it."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -50,10 +56,31 @@ def _commit_plan_kernel(
         final = slot
         boundary = tl.full((BLOCK,), null_block_id, tl.int32)
         recovery = tl.zeros((BLOCK,), tl.int32)
-    tl.store(commit_lens_ptr + rows, tl.where(valid, n, 0), mask=in_batch)
+    lens = tl.where(valid, n, 0)
+    if DEFER:
+        lens = tl.where(defer_rows(rows, in_batch, slot, lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
+                                   HAS_EAGER), 0, lens)
+    tl.store(commit_lens_ptr + rows, lens, mask=in_batch)
     tl.store(final_state_indices_ptr + rows, tl.where(valid, final, null_block_id), mask=in_batch)
     tl.store(boundary_state_indices_ptr + rows, boundary, mask=in_batch)
     tl.store(boundary_recovery_lens_ptr + rows, recovery, mask=in_batch)
+
+
+@triton.jit
+def defer_rows(rows, in_batch, slot, commit_lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
+               HAS_EAGER: tl.constexpr):
+    """Defer the planned ``commit_lens`` of batch rows ``rows`` (docs: section 7): rows with a
+    real ``slot`` and a record row move them into ``pending`` (or clear it where ``eager``).
+    Returns where they moved: those rows now commit nothing."""
+    row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
+    live = in_batch & (slot > null_block_id) & (row >= 0)
+    if HAS_EAGER:
+        eager = tl.load(eager_ptr + rows, mask=live, other=0) != 0
+    else:
+        eager = rows < 0
+    deferred = live & (eager == 0)
+    tl.store(pending_ptr + row, tl.where(deferred, commit_lens, 0), mask=live)
+    return deferred
 
 
 @triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
@@ -67,15 +94,9 @@ def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pe
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = rows < batch
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
-    row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
-    live = (slot > null_block_id) & (row >= 0)
-    if HAS_EAGER:
-        eager = tl.load(eager_ptr + rows, mask=live, other=0) != 0
-    else:
-        eager = rows < 0
-    deferred = live & (eager == 0)
-    lens = tl.load(commit_lens_ptr + rows, mask=deferred, other=0)
-    tl.store(pending_ptr + row, lens, mask=live)
+    lens = tl.load(commit_lens_ptr + rows, mask=in_batch, other=0)
+    deferred = defer_rows(rows, in_batch, slot, lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
+                          HAS_EAGER)
     tl.store(commit_lens_ptr + rows, tl.zeros((BLOCK,), tl.int32), mask=deferred)
 
 
@@ -128,6 +149,25 @@ def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_i
     """
     B = check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
                         block_table, num_computed, block_size)
+    return _launch_plan(plan, B, num_accepted, query_start_loc, state_indices, spec_query_len, block_table,
+                        num_computed, block_size)
+
+
+def kda_recoverssm_plan_deferred(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                 record_rows, pending, eager=None, block_table=None, num_computed=None,
+                                 block_size=None) -> CommitPlan:
+    """``kda_recoverssm_plan`` then ``kda_recoverssm_defer(plan, state_indices, record_rows,
+    pending, eager)`` in one launch: the same plan rows and pending counts. Returns the plan's
+    first B rows."""
+    B = check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                        block_table, num_computed, block_size)
+    check_pending_args(state_indices, record_rows, pending, plan, eager)
+    return _launch_plan(plan, B, num_accepted, query_start_loc, state_indices, spec_query_len, block_table,
+                        num_computed, block_size, defer=(record_rows, pending, eager))
+
+
+def _launch_plan(plan: CommitPlan, B: int, num_accepted, query_start_loc, state_indices, spec_query_len,
+                 block_table, num_computed, block_size, defer=(None, None, None)) -> CommitPlan:
     rows = plan.rows(B)
     if B == 0:
         return rows
@@ -135,9 +175,10 @@ def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_i
     _commit_plan_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         num_accepted, query_start_loc, state_indices, block_table, num_computed,
         rows.commit_lens, rows.final_state_indices, rows.boundary_state_indices, rows.boundary_recovery_lens,
-        B, state_indices.stride(0), block_table.stride(0) if align else 0,
+        *defer, B, state_indices.stride(0), block_table.stride(0) if align else 0,
         block_table.shape[1] if align else 0, block_size if align else 1, NULL_BLOCK_ID,
-        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, ALIGN=align, **dependent_launch(state_indices.device),
+        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, ALIGN=align, DEFER=defer[0] is not None,
+        **dependent_launch(state_indices.device),
     )
     return rows
 

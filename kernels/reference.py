@@ -137,6 +137,17 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
             rows.commit_lens[b] = 0
 
 
+def kda_recoverssm_plan_deferred(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                 record_rows, pending, eager=None, block_table=None, num_computed=None,
+                                 block_size=None) -> CommitPlan:
+    """``kda_recoverssm_plan``, then ``kda_recoverssm_defer`` (section 7)."""
+    check_pending_args(state_indices, record_rows, pending, plan, eager)  # before either writes
+    rows = kda_recoverssm_plan(plan, num_accepted, query_start_loc, state_indices, spec_query_len, block_table,
+                               num_computed, block_size)
+    kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
+    return rows
+
+
 def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending,
                                       spec_query_len: int) -> CommitPlan:
     """Fill ``plan`` to fold each row's pending records in place, consuming the counts."""

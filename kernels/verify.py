@@ -60,10 +60,13 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.dependent_launch import (
-    await_prior_grid, await_producers, dependent_launch, last_to_arrive, release_next_grid, retire_row_consumer,
+    arrive, arrived_last, await_prior_grid, await_producers, dependent_launch, gpu_fence, release_next_grid,
+    retire_row_consumer,
     row_counters, row_wait, signal_row_ready,
 )
-from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
+from kernels.fold import (
+    fold_recorded_token, fold_recorded_window, fold_state_block, recorded_corrections, store_fold_operand,
+)
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.plan import planned_flush_count, store_flush_plan
 from kernels.triton_math import (
@@ -539,7 +542,7 @@ def _token_loop_kernel(
     counters_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FLUSH: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, DEPENDENT: tl.constexpr,
+    FLUSH: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, FENCED: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
     the window one token at a time (docs: section 2): two row reductions a token (the
@@ -560,10 +563,12 @@ def _token_loop_kernel(
     pending key records are read by every V-tile of a (row, head) before the window's
     overwrite them, and the pending count by every program of the row before it is cleared:
     so the last V-tile of a (row, head) to arrive after its reads writes the key records, and
-    the last program of the row clears the count (``last_to_arrive`` on ``counters``: ``B * H``
-    for the (row, head) pairs, then ``B`` for the rows, zero between launches). The records
-    are read whatever the count, so that their loads need not wait for it. The first program
-    of a row writes its flush plan, last."""
+    the last program of the row clears the count (``arrive`` on ``counters``: ``B * H`` for
+    the (row, head) pairs, then ``B`` for the rows, zero between launches). Each program
+    arrives right after its fold and reads the answers after the window, behind one
+    ``gpu_fence`` each way (``FENCED``: compiled). The records are read whatever the count, so
+    that their loads need not wait for it. The first program of a row writes its flush plan,
+    last."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -608,11 +613,20 @@ def _token_loop_kernel(
             keys_dot_queries = tl.sum(keys * queries, axis=1)
         if FLUSH:
             # every pending record of an owned row is read up front, not after the count arrives
-            for t in tl.static_range(T):
-                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, t, t < pending, owned,
-                                        offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+            if WINDOW_AT_ONCE:
+                S = fold_recorded_window(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, pending, owned, offs_t,
+                                         offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, T, HAS_LOWER_BOUND)
+            else:
+                for t in tl.static_range(T):
+                    S = fold_recorded_token(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, t, t < pending, owned,
+                                            offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
             S = S.to(state_ptr.dtype.element_ty).to(tl.float32)  # the window runs from the state as stored
             flushed = S
+            # Every read of the pending records and count is done: arrive now, read the answers
+            # after the window, so that the atomics' round trips overlap it.
+            gpu_fence(FENCED)
+            pair_count = arrive(counters_ptr + b * H + h, owned)
+            row_count = arrive(counters_ptr + tl.num_programs(2) * H + b, owned)
         cols = tl.arange(0, BM)[None, :]
         UO = tl.zeros((BV, BM), tl.float32)  # as _state_kernel's: corrections, then outputs
         for t in tl.static_range(T):
@@ -645,11 +659,12 @@ def _token_loop_kernel(
                 S = recurrence_step(S, decay[None, :], key[None, :], correction[:, None])
             UO = tl.where(cols == t, correction[:, None], tl.where(cols == BT + t, output[:, None], UO))
         if FLUSH:
-            # Every read of the pending records and count is done: the last V-tile of the
-            # (row, head) to arrive writes the key records, the last program of the row clears
-            # the count. Arriving before the stores, no program waits for them to land first.
-            writes_records = last_to_arrive(counters_ptr + b * H + h, tl.num_programs(0), owned)
-            clears_count = last_to_arrive(counters_ptr + tl.num_programs(2) * H + b, H * tl.num_programs(0), owned)
+            # the last V-tile of the (row, head) to arrive writes the key records, the last
+            # program of the row clears the count
+            writes_records = arrived_last(pair_count, tl.num_programs(0), counters_ptr + b * H + h, owned)
+            clears_count = arrived_last(row_count, H * tl.num_programs(0), counters_ptr + tl.num_programs(2) * H + b,
+                                        owned)
+            gpu_fence(FENCED)
             tl.store(tile, flushed.to(state_ptr.dtype.element_ty),
                      mask=mask_v[:, None] & (offs_k < tl.where(pending > 0, K, 0))[None, :])
             tl.store(pending_ptr + rec, 0, mask=clears_count)
@@ -688,7 +703,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         counters = row_counters(v.device, B * H + B) if flush else None
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
             *single, pending, *plan_rows, counters, BV=cfg.token_block_v, BT=cfg.token_block_t, FLUSH=flush,
-            WINDOW_AT_ONCE=cfg.token_window_at_once,
+            WINDOW_AT_ONCE=cfg.token_window_at_once, FENCED=v.device.type == "cuda",
             num_warps=1, **single_options)
         return
     if cfg.one_pass:

@@ -2,7 +2,7 @@
 
 ``deferred``: each step flushes pending replays, then verify, plan, defer (some rows eager),
 commit; a final flush at the end (``fused``: each step's flush and verify as one
-``kda_recoverssm_flush_verify`` call). ``align``: prefix-caching align mode, verify, plan with a
+``kda_recoverssm_flush_verify`` call, its plan and deferral as one ``kda_recoverssm_plan_deferred``). ``align``: prefix-caching align mode, verify, plan with a
 block table, commit; every window is accepted in full, so it ends exactly on a block
 boundary (the case the old ``c_end // bs`` column gets wrong). Three requests and one
 CUDA-graph padding row per step.
@@ -71,9 +71,12 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
             api.kda_recoverssm_commit(pool, records, A_log, dt_bias, LOWER_BOUND, slots, plan)
             computed = [c + n for c, n in zip(computed, lens)]
         else:
-            api.kda_recoverssm_plan(plan, accepted, qsl, slots, T)
             eager = torch.tensor([step % 2 == 0, False, False, False], device=device)
-            api.kda_recoverssm_defer(plan, slots, rec_rows, pending, eager)
+            if fused:
+                api.kda_recoverssm_plan_deferred(plan, accepted, qsl, slots, T, rec_rows, pending, eager)
+            else:
+                api.kda_recoverssm_plan(plan, accepted, qsl, slots, T)
+                api.kda_recoverssm_defer(plan, slots, rec_rows, pending, eager)
             api.kda_recoverssm_commit(pool, records, A_log, dt_bias, LOWER_BOUND, slots, plan,
                                       record_indices=record_indices)
     if mode == "deferred":

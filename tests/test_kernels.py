@@ -428,7 +428,7 @@ def test_defer_and_flush_plan_span_several_programs(device):
     for impl, prepare_flush_plan in ((kernels, kernels.plan._prepare_flush_plan), (ref, ref._prepare_flush_plan)):
         plan = CommitPlan.allocate(B, device)
         plan.commit_lens.copy_(lens)
-        pending = pending_before.to(device)
+        pending = pending_before.clone().to(device)
         impl.kda_recoverssm_defer(plan, slots, rows, pending, eager)
         deferred = (pending.tolist(), plan.commit_lens.tolist())
         flush_plan = CommitPlan.allocate(B, device)
@@ -437,6 +437,49 @@ def test_defer_and_flush_plan_span_several_programs(device):
                     ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")]))
     assert seen[0] == seen[1]
     assert seen[0][0][0] != pending_before.tolist(), "defer changed no pending count"
+
+
+@pytest.mark.parametrize("align", [False, True], ids=["in-place", "align"])
+@pytest.mark.parametrize("with_eager", [False, True], ids=["no-eager", "eager"])
+def test_plan_deferred_is_plan_then_defer(device, align, with_eager):
+    """One launch of ``kda_recoverssm_plan_deferred`` against the reference's plan then defer,
+    over more rows than one program: every plan column and pending count equal, the plan's
+    rows past the batch untouched."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    B, R, T, bs, width = 300, 320, 4, 8, 4
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32),
+                     torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).cumsum(0).to(torch.int32)])
+    slots = torch.randint(-1, 40, (B,), generator=gen, dtype=torch.int32)  # -1 and 0 are null
+    accepted = torch.randint(-1, T + 2, (B,), generator=gen, dtype=torch.int32)
+    rows = torch.randperm(R, generator=gen)[:B].to(torch.int32)
+    rows[torch.rand(B, generator=gen) < 0.1] = -1
+    eager = (torch.rand(B, generator=gen) < 0.2) if with_eager else None
+    pending_before = torch.randint(-2, T + 3, (R,), generator=gen, dtype=torch.int32)
+    table = torch.randint(1, 60, (B, width), generator=gen, dtype=torch.int32)
+    computed = torch.randint(0, bs * (width - 1), (B,), generator=gen, dtype=torch.int32)
+    on = {name: t.to(device) if t is not None else None for name, t in dict(
+        qsl=qsl, slots=slots, accepted=accepted, rows=rows, eager=eager, table=table, computed=computed).items()}
+    aligned = dict(block_table=on["table"], num_computed=on["computed"], block_size=bs) if align else {}
+    seen = []
+    for fused in (True, False):
+        plan = CommitPlan.allocate(B + 2, device)
+        for column in (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
+                       plan.boundary_recovery_lens):
+            column.fill_(77)
+        pending = pending_before.clone().to(device)
+        args = (on["accepted"], on["qsl"], on["slots"], T)
+        if fused:
+            kernels.kda_recoverssm_plan_deferred(plan, *args, on["rows"], pending, on["eager"], **aligned)
+        else:
+            ref.kda_recoverssm_plan(plan, *args, **aligned)
+            ref.kda_recoverssm_defer(plan, on["slots"], on["rows"], pending, on["eager"])
+        seen.append([column.tolist() for column in (plan.commit_lens, plan.final_state_indices,
+                                                    plan.boundary_state_indices, plan.boundary_recovery_lens,
+                                                    pending)])
+    assert seen[0] == seen[1]
+    assert all(column[B:] == [77, 77] for column in seen[0][:4]), "the plan was written past the batch"
+    assert seen[0][4] != pending_before.tolist(), "nothing was deferred"
+    assert any(n > 0 for n in seen[0][0][:B]), "nothing stays planned"
 
 
 def test_stock_plan_rules(device):

@@ -46,7 +46,9 @@ def test_recorded_decode_loop_replays_bit_identically(tmp_path, capsys, monkeypa
     assert all(t["max_abs"] == 0 and t["mismatches"] == 0 for t in compared)
 
 
-def test_fused_flush_verify_is_recorded_as_a_flush_then_a_verify(tmp_path, capsys, monkeypatch):
+def test_fused_calls_are_recorded_as_the_ops_they_stand_for(tmp_path, capsys, monkeypatch):
+    """``kda_recoverssm_flush_verify`` as a flush then a verify, ``kda_recoverssm_plan_deferred``
+    as a plan then a defer: the same events as the unfused loop, and they replay."""
     path = tmp_path / "fused.safetensors"
     with record_trace(path, "kernels") as api:
         decode_loop(api, "deferred", steps=3, fused=True)

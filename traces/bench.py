@@ -21,7 +21,10 @@ What one sample runs (``OPS``; each entry runs over every set, like consecutive 
                                                     where the implementation has it, else
                                                     flush(s) then verify(s))
     step-stock     verify(s) for each s; then plan(s), commit(s) for each s
-    step-deferred  flush-verify(s) for each s; then plan(s), defer(s) for each s
+    step-deferred  flush-verify(s) for each s; then plan-deferred(s) for each s (one
+                                                    ``kda_recoverssm_plan_deferred`` call where
+                                                    the implementation has it, else plan(s)
+                                                    then defer(s))
 
 The step orders follow a real decode step: verify in the forward pass of every layer,
 plan and commit after sampling; a deferred step flushes a layer's pending replay right
@@ -377,6 +380,15 @@ class Workload:
         self.impl.kda_recoverssm_flush(self.pool, d["records"], self.A_log, self.dt_bias, self.lower_bound,
                                        d["slots"], self.record_rows, d["pending"], d["plan"])
 
+    def _plan_deferred(self, d: dict) -> None:
+        """The fused call where the implementation has it, else a plan and then a deferral."""
+        if not hasattr(self.impl, "kda_recoverssm_plan_deferred"):
+            self._plan(d)
+            self._defer(d)
+            return
+        self.impl.kda_recoverssm_plan_deferred(d["plan"], d["accepted"], self.qsl, d["slots"], self.T,
+                                               self.record_rows, d["pending"])
+
     def _flush_verify(self, d: dict) -> None:
         """The fused call where the implementation has it, else a flush and then a verify."""
         if not hasattr(self.impl, "kda_recoverssm_flush_verify"):
@@ -400,8 +412,7 @@ class Workload:
             for d in sets:
                 self._flush_verify(d)
             for d in sets:
-                self._plan(d)
-                self._defer(d)
+                self._plan_deferred(d)
         else:
             op = {"verify": lambda d: self._verify(d, None), "plan": self._plan, "defer": self._defer,
                   "commit": self._commit, "flush": self._flush, "flush-verify": self._flush_verify}[name]

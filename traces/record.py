@@ -227,6 +227,15 @@ class Recorder:
                                           records, query_start_loc, state_indices, spec_query_len, out=out,
                                           record_indices=record_rows)
 
+    def kda_recoverssm_plan_deferred(self, plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                     record_rows, pending, eager=None, block_table=None, num_computed=None,
+                                     block_size=None):
+        """Recorded as what it stands for, a plan and then a deferral: two events."""
+        rows = self.kda_recoverssm_plan(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                        block_table, num_computed, block_size)
+        self.kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
+        return rows
+
     # -- recording --------------------------------------------------------------------
 
     def _wants(self, op: str, bind: dict[str, torch.Tensor], lower_bound, spec_query_len,
