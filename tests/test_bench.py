@@ -211,9 +211,8 @@ def test_a_signal_during_capture_waits_for_its_end():
         assert signal.getsignal(sig) is before
 
 
-def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_path):
-    """Ctrl-C during the second row: the first row comes back timed, the one in flight does not,
-    and the run says it was interrupted, also once saved and loaded."""
+def _interrupt_the_second_row(monkeypatch) -> None:
+    """Ctrl-C as the second row's timing starts."""
     time_calls = bench._time_calls
     calls = []
 
@@ -224,6 +223,12 @@ def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_
         return time_calls(*args, **kwargs)
 
     monkeypatch.setattr(bench, "_time_calls", interrupted_second)
+
+
+def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_path):
+    """Ctrl-C during the second row: the first row comes back timed, the one in flight does not,
+    and the run says it was interrupted, also once saved and loaded."""
+    _interrupt_the_second_row(monkeypatch)
     config = bench.BenchConfig(preset="tiny", batches=(1,), ops=("plan", "defer", "commit"), smoke=True)
     run = bench.run_bench(config, device)
     assert run.interrupted
@@ -236,16 +241,7 @@ def test_a_run_stopped_between_implementations_prints_the_rows_it_has(device, mo
     """Stopped after the first implementation's row of a case: the table shows that time and
     says the second implementation did not run, where it raised a KeyError before."""
     from kda_cli.commands.bench import _render_human
-    time_calls = bench._time_calls
-    calls = []
-
-    def interrupted_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return time_calls(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "_time_calls", interrupted_second)
+    _interrupt_the_second_row(monkeypatch)
     config = bench.BenchConfig(preset="tiny", batches=(1,), ops=("plan",), impls=("triton", "reference"),
                                smoke=True)
     run = bench.run_bench(config, device)
