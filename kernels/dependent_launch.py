@@ -25,9 +25,9 @@ the kernel ahead of it, so those writes are visible too. The counters come from
 so before the next producer kernel on the stream touches them.
 
 The same counters elect, within one kernel, the last of a group of programs to arrive
-(``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid whose programs all read a buffer
-that one of them must then overwrite leaves the overwrite to the last reader, with no
-program waiting on another.
+(``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid
+whose programs all read a buffer that one of them must then overwrite leaves the overwrite
+to the last reader, with no program waiting on another.
 
 ``KDA_DEPENDENT_LAUNCH=0`` in the environment turns it off (plain stream order).
 """

@@ -2,7 +2,8 @@
 
 ``deferred``: each step flushes pending replays, then verify, plan, defer (some rows eager),
 commit; a final flush at the end (``fused``: each step's flush and verify as one
-``kda_recoverssm_flush_verify`` call, its plan and deferral as one ``kda_recoverssm_plan_deferred``). ``align``: prefix-caching align mode, verify, plan with a
+``kda_recoverssm_flush_verify`` call, its plan and deferral as one
+``kda_recoverssm_plan_deferred``). ``align``: prefix-caching align mode, verify, plan with a
 block table, commit; every window is accepted in full, so it ends exactly on a block
 boundary (the case the old ``c_end // bs`` column gets wrong). Three requests and one
 CUDA-graph padding row per step.
