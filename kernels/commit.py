@@ -300,7 +300,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     if B == 0:
         return
     T = records.spec_query_len
-    cfg = commit_config(B, H, K, V, T)
+    cfg = commit_config(B, H, K, V, T, compiled=checkpoint_state.device.type == "cuda")
     has_rec = record_indices is not None
     dependent = dependent_launch(checkpoint_state.device)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)

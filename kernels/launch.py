@@ -25,39 +25,53 @@ _WIDE_OPERAND_PAIRS = 512
 """(row, head) pairs from which a fold-operand program takes 64 key channels, not 32."""
 
 _VERIFY_TOKEN_LOOP_TOKENS = 384
+_VERIFY_FEWEST_PAIRS = 24
 """(row, head) pairs times the window up to which verify runs it one token at a time
 (``token_loop``): B <= 8 at H=12, T=4; B <= 4 at T=8. H200, against the shipped design
 beside it (one pass), one run (us, T=4 / T=8): B=1 5.9 / 10.7 against 10.1 / 11.2; B=4 6.9 /
 10.2 against 10.3 / 11.5; B=8 10.6 / 15.7 against 10.7 / 11.7; B=16 14.7 / 22.4 against 13.4 /
 14.4. A program's serial chain is a token's reductions, so it grows with the window. Tiles
-of 4 state rows up to a window of 4, else 8 (H200, one run, T=4: B=1 / 2 / 4 / 8 4.8 / 5.2 /
-6.0 / 9.1 us against 5.5 / 5.7 / 6.3 / 10.2; T=8: 8.1 / 8.6 / 12.6 against 8.6 / 9.2 / 9.1).
-The window's inputs read at once, in one run at T=4: B=1 / 2 / 4 / 8 3.6 / 3.9 / 5.6 / 9.0 us
-against 4.9 / 5.2 / 6.0 / 9.1 token by token; T=8, B=1 7.1 us (8.7 in an earlier run)."""
+of 4 state rows up to a window of 4; beyond, 2 up to ``_VERIFY_FEWEST_PAIRS`` pairs, else 8.
+Most of a program's instructions are the window's per-token work, which every V-tile repeats
+(offline, sm_90, T=8: 2,944 on 2 rows, 3,088 on 4, 4,024 on 8), and few pairs leave the SMs
+idle, so there narrow tiles shorten each chain. H200, one run, us, B=1 / 2 / 4 / 8: T=8 on
+2 rows 5.49 / 7.03 / 12.78 / -, on 4 6.64 / 9.16 / 17.34 / -, on 8 7.08 / 7.49 / 9.74 / -;
+T=4 on 2 rows 3.89 / 5.92 / 7.75 / 12.56, on 4 3.72 / 4.14 / 6.07 / 9.27. The window's inputs
+are read at once (T=4, one run: B=1 / 2 / 4 / 8 3.6 / 3.9 / 5.6 / 9.0 us against 4.9 / 5.2 /
+6.0 / 9.1 token by token)."""
 
 _FLUSH_TOKEN_LOOP_TOKENS = 384
 _FLUSH_TOKEN_LOOP_WINDOW = 4
 _FLUSH_NARROW_PAIRS = 24
+_FLUSH_FEWEST_PAIRS = 12
+_FLUSH_APART_PAIRS = 12
 """A flushing verify runs as one token loop (which first folds up to a window of pending
 records) up to ``_FLUSH_TOKEN_LOOP_TOKENS`` (row, head) pairs times the window, for windows
-up to ``_FLUSH_TOKEN_LOOP_WINDOW``, on tiles of 4 state rows up to ``_FLUSH_NARROW_PAIRS``
-pairs, else 8. On 4 rows the window's inputs are read at once, on 8 token by token (H200,
-T=4, one run, us, at once against token by token: B=1 8.8 / 10.6 and B=2 8.0 / 8.9 on 4 rows;
-B=4 10.4 / 10.8 and B=8 18.8 / 13.4 on 8 rows). Earlier, H200, H=12, one run (us), against
-the two kernels (14.7 at B=1, 15.3 at B=4, 17.0 at B=8): T=4, B=1 / 2 / 4 / 8, 4 rows 10.0 / 8.9
-/ 13.2 / 18.3, 8 rows 12.2 / 9.1 / 10.7 / 13.3; T=8, B=1 / 2 / 4 16.9 / 13.1 / 14.0 on 4 rows (8
-rows spill: 22.1 / 21.3 / 14.5), against 15.3 at B=1 and 15.9 at B=4. Later, with the window
-and the records read at once on 4 rows: T=8, B=1 16.6 us against the two kernels' 15.1 (one run)."""
+up to ``_FLUSH_TOKEN_LOOP_WINDOW`` and, beyond, up to ``_FLUSH_NARROW_PAIRS`` pairs; on tiles
+of 2 state rows up to ``_FLUSH_FEWEST_PAIRS`` pairs or past that window, 4 up to
+``_FLUSH_NARROW_PAIRS``, else 8. On 4 rows the window's inputs and records are read at once,
+on 2 and 8 token by token (read at once, 2 rows reach 255 registers; 8 rows spill). Past
+that window and up to ``_FLUSH_APART_PAIRS`` pairs, it runs ``kda_recoverssm_flush``, then
+the stock verify (``flush_apart``): at B=1 the fused loop is one chain of 2T tokens whose
+loads go out token by token. H200, H=12, one run each (us, B=1 / 2 / 4): T=4 on 2 rows
+6.69 / 8.35 / 12.57, on 4 at once 7.36 / 7.09 / -, on 8 - / - / 8.71 (the two kernels, an
+earlier run: 14.7 at B=1, 15.3 at B=4); T=8 on 2 rows 13.69 / 11.93 / 21.09, on 4 16.57 /
+14.56 / 15.44, the two kernels 15.36 / 15.92 / 15.58; T=8, B=1, flush apart then verify
+10.97 against the fused loop's 13.78."""
 
 _COMMIT_TOKEN_LOOP_PAIRS = 384
 _COMMIT_TOKEN_LOOP_WORK = 6144
+_COMMIT_FEWEST_PAIRS = 48
 """The commit folds one token at a time (``token_loop``) up to ``_COMMIT_TOKEN_LOOP_PAIRS``
 (row, head) pairs, while pairs times the window squared is at most
 ``_COMMIT_TOKEN_LOOP_WORK``: B <= 32 at H=12, T=4; B <= 8 at T=8. H200, against the designs
 beside it, one run (us, T=4 / T=8): B=1 3.7 / 6.6 against 7.2 / 7.6; B=8 6.7 / 8.4 against
 9.0 / 9.3; B=16 11.3 / 14.7 against 13.7 / 13.8; B=32 18.8 / 23.8 against 21.7 / 22.4. Each
 token is a pass over the whole tile, so the loop's cost grows with the window where the
-fold's barely does."""
+fold's barely does. Tiles of 4 state rows up to ``_COMMIT_FEWEST_PAIRS`` pairs, 8 up to twice
+that, else 16 (H200, one run, us, B=1 / 2 / 4 / 8, T=4: 4 rows 2.69 / 3.09 / 4.06 / 6.02,
+8 rows 2.88 / 3.22 / 4.08 / 5.97, 16 rows 3.59 / 3.74 / 4.42 / 6.50; T=8: 3.99 / 4.41 / 5.46 /
+8.28, 5.01 / 4.96 / 5.78 / 8.26, 7.18 / 6.59 / 6.16 / 8.46)."""
 
 _ONE_PASS_PAIRS = 192
 """(row, head) pairs up to which verify runs as one kernel (``one_pass``), each V-tile
@@ -85,8 +99,9 @@ def fold_depth(block_t: int) -> int:
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Tiles of the verify kernels. ``token_loop``: the window one token at a time, on
-    ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
+    """Tiles of the verify kernels. ``flush_apart``: a flushing verify runs as the flush, then
+    the stock verify, each in its own configuration. ``token_loop``: the window one token at a
+    time, on ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
     over ``one_pass``), the window's inputs read at once (``token_window_at_once``) or token
     by token. ``one_pass``: one kernel, whose programs each build the window's
     operands and take their products with a state tile, on the state kernel's tiles
@@ -99,6 +114,7 @@ class VerifyConfig:
     launch, ``"start"``, ``"end"`` or ``"exit"``; ``wait_by_row``: under dependent launch, a
     state program waits for its row's key side only (``kernels.dependent_launch``)."""
 
+    flush_apart: bool
     one_pass: bool
     token_loop: bool
     token_block_v: int
@@ -179,25 +195,32 @@ def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
 
 
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
-                  flush: bool = False) -> VerifyConfig:
+                  flush: bool = False, compiled: bool = True) -> VerifyConfig:
     """``flush``: verify after folding each row's pending records. In the two kernels the state
     kernel then also does the commit's work, and like the commit runs best on narrow one-warp
-    tiles. So does the one
-    pass (H200, B=8, T=4, against BV=32 on one warp, 10.8 us: BV=32 on two warps 15.8, BV=64
-    on two 12.6, on four 13.5, BV=128 on four 11.0, on eight 12.2)."""
+    tiles. So does the one pass (H200, B=8, T=4, against BV=32 on one warp, 10.8 us: BV=32 on
+    two warps 15.8, BV=64 on two 12.6, on four 13.5, BV=128 on four 11.0, on eight 12.2).
+    ``compiled``: false under the Triton interpreter, which runs programs one after another;
+    the token loops keep their wider tiles there (the same code in fewer programs), not the
+    narrowest ones that the fewest pairs take on a GPU."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
     wait_by_row = not flush and batch * heads > _WAIT_BY_ROW_PAIRS
     one_pass = not flush and batch * heads <= _ONE_PASS_PAIRS
     narrow = flush or one_pass
+    pairs = batch * heads
     if flush:
-        token_loop = (spec_query_len <= _FLUSH_TOKEN_LOOP_WINDOW
-                      and batch * heads * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS)
-        token_rows = 4 if batch * heads <= _FLUSH_NARROW_PAIRS else 8
+        long_window = spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW
+        token_loop = (pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
+                      and (not long_window or pairs <= _FLUSH_NARROW_PAIRS))
+        fewest = compiled and (long_window or pairs <= _FLUSH_FEWEST_PAIRS)
+        token_rows = 2 if fewest else 4 if pairs <= _FLUSH_NARROW_PAIRS else 8
     else:
-        token_loop = batch * heads * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
-        token_rows = 4 if spec_query_len <= 4 else 8
+        token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
+        fewest = compiled and pairs <= _VERIFY_FEWEST_PAIRS
+        token_rows = 4 if spec_query_len <= 4 else 2 if fewest else 8
     return VerifyConfig(
+        flush_apart=flush and spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW and pairs <= _FLUSH_APART_PAIRS,
         one_pass=one_pass,
         token_loop=token_loop,
         token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
@@ -223,13 +246,18 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     )
 
 
-def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int) -> CommitConfig:
+def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
+                  compiled: bool = True) -> CommitConfig:
+    """``compiled``: as in ``verify_config`` (under the interpreter the token loop's tiles are 16
+    rows whatever the pair count)."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
+    pairs = batch * heads
     return CommitConfig(
         operand_once=batch * heads >= _OPERAND_ONCE_PAIRS,
         token_loop=(batch * heads <= _COMMIT_TOKEN_LOOP_PAIRS
                     and batch * heads * spec_query_len ** 2 <= _COMMIT_TOKEN_LOOP_WORK),
-        token_block_v=min(16, triton.next_power_of_2(head_v_dim)),
+        token_block_v=min(16 if not compiled or pairs > 2 * _COMMIT_FEWEST_PAIRS
+                          else 8 if pairs > _COMMIT_FEWEST_PAIRS else 4, triton.next_power_of_2(head_v_dim)),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
         block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),

@@ -43,7 +43,8 @@ it back. In the two kernels a second key-side program per (row, head) builds the
 operand of the row's pending records (``kernels.fold``), before this window's records
 overwrite them, and the state kernel folds each state block with it, stores the block in
 place and takes the window's products from it. Either way a deferred step reads each slot
-once.
+once. For a long window and the fewest pairs (``flush_apart``) it is ``kda_recoverssm_flush``,
+then the stock verify: two chains of T tokens in turn are shorter there than one of 2T.
 
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
 is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
@@ -68,7 +69,7 @@ from kernels.fold import (
     fold_recorded_token, fold_recorded_window, fold_state_block, recorded_corrections, store_fold_operand,
 )
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
-from kernels.plan import planned_flush_count, store_flush_plan
+from kernels.plan import kda_recoverssm_flush, planned_flush_count, store_flush_plan
 from kernels.triton_math import (
     inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_column, tile_row,
     token_key_and_decay, token_queries, vector_entry, window_keys_and_gates,
@@ -688,7 +689,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
     that receives them) it first folds each row's pending records into its slot."""
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
     flush = pending is not None
-    cfg = verify_config(B, H, K, V, T, flush)
+    cfg = verify_config(B, H, K, V, T, flush, compiled=v.device.type == "cuda")
     has_rec = record_indices is not None
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
                  plan.boundary_recovery_lens) if flush else (None,) * 4
@@ -768,7 +769,8 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
                                 record_rows, pending, plan: CommitPlan, out=None):
     """``kda_recoverssm_flush`` then ``kda_recoverssm_verify(..., record_indices=record_rows)``
     (docs: section 7) with one read of each state tile: the state kernel folds a row's
-    pending records into its tile, stores it in place and runs the window from it.
+    pending records into its tile, stores it in place and runs the window from it (for the
+    fewest pairs and a long window, ``flush_apart``: literally the flush, then verify).
     ``plan`` receives the flush plan; every pending count is consumed once."""
     check_pending_args(state_indices, record_rows, pending, plan)
     d = check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records,
@@ -776,6 +778,12 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
     if out is None:
         out = torch.zeros_like(v)
     if d.batch == 0:
+        return out
+    if verify_config(d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, spec_query_len, flush=True).flush_apart:
+        kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
+                             pending, plan)
+        _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
+                state_indices, d, out, record_rows)
         return out
     _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
             state_indices, d, out, record_rows, pending=pending, plan=plan)

@@ -56,7 +56,7 @@ CONFIGS = [
 
 COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
 VERIFY_DESIGNS = ["token-loop", "two-kernels", "one-pass"]
-FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "two-kernels"]
+FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "two-kernels", "flush-apart"]
 # the stock round trip pairs every design of each kernel with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
                  ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
@@ -93,15 +93,21 @@ def use_verify_design(monkeypatch, name: str) -> None:
 def use_flushing_design(monkeypatch, name: str) -> None:
     """Run every flushing verify through design ``name``, whatever the batch: one token at a
     time, folding first, on 4-row tiles with the window's inputs read at once or on 8-row
-    tiles token by token; the key side (with the fold programs) and the folding state kernel."""
+    tiles token by token (the 2-row tiles of the fewest pairs run the same code token by
+    token); the key side (with the fold programs) and the folding state kernel; the flush
+    apart (``kda_recoverssm_flush``), then the stock verify."""
     token_loop = name.startswith("token-loop")
     at_once = name == "token-loop-at-once"
+    apart = name == "flush-apart"
     monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 1 << 30)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 0 if apart else 1 << 30)
     monkeypatch.setattr(kernels.launch, "_FLUSH_NARROW_PAIRS", 1 << 30 if at_once else -1)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_FEWEST_PAIRS", -1)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_APART_PAIRS", 1 << 30 if apart else -1)
     flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
-    assert (flushing.token_loop, flushing.one_pass) == (token_loop, False)
-    assert flushing.token_window_at_once == at_once
+    assert flushing.flush_apart == apart
+    assert apart or (flushing.token_loop, flushing.one_pass) == (token_loop, False)
+    assert apart or flushing.token_window_at_once == at_once
 
 
 @pytest.fixture(params=COMMIT_DESIGNS)
@@ -118,22 +124,31 @@ def verify_design(request, monkeypatch):
 
 def test_verify_design_follows_pair_count():
     """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 (4 state rows a tile) and
-    B=4 at T=8 (8 rows), then one kernel up to B=16, two from B=17; flushing, one token at a
-    time up to B=8 at T=4 (4 rows up to B=2, then 8), else two kernels."""
+    B=4 at T=8 (2 rows up to B=2, then 8), then one kernel up to B=16, two from B=17;
+    flushing, one token at a time up to B=8 at T=4 (2 rows at B=1, 4 at B=2, then 8) and B=2
+    at T=8 (2 rows; at B=1 the flush apart, then the stock verify), else two kernels."""
     config = kernels.launch.verify_config
     assert config(8, 12, 128, 128, 4).token_loop and config(8, 12, 128, 128, 4).token_block_v == 4
     assert not config(9, 12, 128, 128, 4).token_loop
-    assert config(4, 12, 128, 128, 8).token_loop and config(4, 12, 128, 128, 8).token_block_v == 8
-    assert not config(5, 12, 128, 128, 8).token_loop
+    assert [config(b, 12, 128, 128, 8).token_block_v for b in (1, 2, 3, 4)] == [2, 2, 8, 8]
+    assert config(4, 12, 128, 128, 8).token_loop and not config(5, 12, 128, 128, 8).token_loop
     assert config(16, 12, 128, 128, 8).one_pass
     assert not config(17, 12, 128, 128, 8).one_pass
-    assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (1, 2, 3, 8)] == [4, 4, 8, 8]
+    assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (1, 2, 3, 8)] == [2, 4, 8, 8]
     at_once = [config(b, 12, 128, 128, 4, flush=True).token_window_at_once for b in (1, 2, 3, 8)]
-    assert at_once == [True, True, False, False]
+    assert at_once == [False, True, False, False]
     assert config(1, 12, 128, 128, 8).token_window_at_once and config(8, 12, 128, 128, 4).token_window_at_once
     assert config(8, 12, 128, 128, 4, flush=True).token_loop
     assert not config(9, 12, 128, 128, 4, flush=True).token_loop
-    for flushing in (config(1, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
+    assert [config(b, 12, 128, 128, 8, flush=True).flush_apart for b in (1, 2)] == [True, False]
+    assert config(2, 12, 128, 128, 8, flush=True).token_loop
+    assert config(2, 12, 128, 128, 8, flush=True).token_block_v == 2
+    assert not any(config(b, 12, 128, 128, 4, flush=True).flush_apart for b in (1, 2, 8))
+    # the interpreter runs programs one after another: the wider tiles there
+    assert config(1, 12, 128, 128, 8, compiled=False).token_block_v == 8
+    assert config(1, 12, 128, 128, 4, flush=True, compiled=False).token_block_v == 4
+    assert config(1, 12, 128, 128, 8, flush=True, compiled=False).flush_apart
+    for flushing in (config(3, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
         assert not (flushing.one_pass or flushing.token_loop)
 
 
@@ -149,7 +164,11 @@ def test_only_stock_verify_and_commit_wait_by_row():
 
 def test_commit_design_follows_pair_count():
     """K3 per TP8 rank (H=12): one token at a time up to B=32 at T=4 and B=8 at T=8 (never
-    past B=32); past that the fold operand once (from B=11)."""
+    past B=32), on 4 state rows a tile up to B=4, 8 up to B=8, then 16; past that the fold
+    operand once (from B=11)."""
+    rows = [kernels.launch.commit_config(b, 12, 128, 128, 4).token_block_v for b in (1, 4, 5, 8, 9, 32)]
+    assert rows == [4, 4, 8, 8, 16, 16]
+    assert kernels.launch.commit_config(1, 12, 128, 128, 4, compiled=False).token_block_v == 16
     assert kernels.launch.commit_config(32, 12, 128, 128, 4).token_loop
     assert not kernels.launch.commit_config(33, 12, 128, 128, 4).token_loop
     assert kernels.launch.commit_config(8, 12, 128, 128, 8).token_loop
@@ -330,8 +349,11 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     assert same_bits(state, settled), "flushing twice folded the window twice"
 
 
-@pytest.mark.parametrize("design", FLUSHING_DESIGNS)
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-state", "bf16-state"])
+@pytest.mark.parametrize("design, state_dtype", [
+    pytest.param(design, dtype, id=f"{design}-{name}")
+    for design in FLUSHING_DESIGNS
+    for dtype, name in ((torch.float32, "fp32-state"), (torch.bfloat16, "bf16-state"))
+    if design != "flush-apart" or dtype == torch.float32])  # apart: two tested kernels in turn
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, monkeypatch):
     """The fused flush and verify against the reference's flush, then verify: three deferred
