@@ -200,9 +200,10 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     kernel then also does the commit's work, and like the commit runs best on narrow one-warp
     tiles. So does the one pass (H200, B=8, T=4, against BV=32 on one warp, 10.8 us: BV=32 on
     two warps 15.8, BV=64 on two 12.6, on four 13.5, BV=128 on four 11.0, on eight 12.2).
-    ``compiled``: false under the Triton interpreter, which runs programs one after another;
-    the token loops keep their wider tiles there (the same code in fewer programs), not the
-    narrowest ones that the fewest pairs take on a GPU."""
+    ``compiled``: false under the Triton interpreter, which runs programs one after another
+    at a cost per program: there the stock token loop takes 16 rows a tile and the flushing
+    one 4 or 8 (the same code in fewer programs), not the narrowest tiles that the fewest
+    pairs take on a GPU."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
     wait_by_row = not flush and batch * heads > _WAIT_BY_ROW_PAIRS
@@ -217,8 +218,8 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_rows = 2 if fewest else 4 if pairs <= _FLUSH_NARROW_PAIRS else 8
     else:
         token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
-        fewest = compiled and pairs <= _VERIFY_FEWEST_PAIRS
-        token_rows = 4 if spec_query_len <= 4 else 2 if fewest else 8
+        token_rows = (16 if not compiled else 4 if spec_query_len <= 4
+                      else 2 if pairs <= _VERIFY_FEWEST_PAIRS else 8)
     return VerifyConfig(
         flush_apart=flush and spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW and pairs <= _FLUSH_APART_PAIRS,
         one_pass=one_pass,

@@ -145,7 +145,7 @@ def test_verify_design_follows_pair_count():
     assert config(2, 12, 128, 128, 8, flush=True).token_block_v == 2
     assert not any(config(b, 12, 128, 128, 4, flush=True).flush_apart for b in (1, 2, 8))
     # the interpreter runs programs one after another: the wider tiles there
-    assert config(1, 12, 128, 128, 8, compiled=False).token_block_v == 8
+    assert config(1, 12, 128, 128, 8, compiled=False).token_block_v == 16
     assert config(1, 12, 128, 128, 4, flush=True, compiled=False).token_block_v == 4
     assert config(1, 12, 128, 128, 8, flush=True, compiled=False).flush_apart
     for flushing in (config(3, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
