@@ -206,12 +206,12 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     pairs take on a GPU."""
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     block_t = max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len))  # stacked [W; P] has 2 block_t rows
-    wait_by_row = not flush and batch * heads > _WAIT_BY_ROW_PAIRS
-    one_pass = not flush and batch * heads <= _ONE_PASS_PAIRS
-    narrow = flush or one_pass
     pairs = batch * heads
+    wait_by_row = not flush and pairs > _WAIT_BY_ROW_PAIRS
+    one_pass = not flush and pairs <= _ONE_PASS_PAIRS
+    narrow = flush or one_pass
+    long_window = spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW  # for a flushing verify
     if flush:
-        long_window = spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW
         token_loop = (pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
                       and (not long_window or pairs <= _FLUSH_NARROW_PAIRS))
         fewest = compiled and (long_window or pairs <= _FLUSH_FEWEST_PAIRS)
@@ -221,7 +221,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_rows = (16 if not compiled else 4 if spec_query_len <= 4
                       else 2 if pairs <= _VERIFY_FEWEST_PAIRS else 8)
     return VerifyConfig(
-        flush_apart=flush and spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW and pairs <= _FLUSH_APART_PAIRS,
+        flush_apart=flush and long_window and pairs <= _FLUSH_APART_PAIRS,
         one_pass=one_pass,
         token_loop=token_loop,
         token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
@@ -236,13 +236,13 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         num_warps=1 if narrow else 2,
         # A key-side program is a serial chain: with few programs (a couple per SM) two warps
         # shorten it; with more, one warp per program keeps more of them resident.
-        window_warps=2 if batch * heads <= _FEW_WINDOW_PROGRAMS else 1,
+        window_warps=2 if pairs <= _FEW_WINDOW_PROGRAMS else 1,
         # Flushing, the fold programs set the key side's register count (168, against 128)
         # and the state kernel takes 206: capped, more programs are resident. Measured on the
         # H200: flush-verify 5 % faster at B=256, 1-3 % slower at B=32-128.
         window_max_registers=128 if flush else None,
         state_max_registers=168 if flush else None,
-        window_release=_window_release(batch * heads, flush, wait_by_row),
+        window_release=_window_release(pairs, flush, wait_by_row),
         wait_by_row=wait_by_row,
     )
 
@@ -254,21 +254,21 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     pairs = batch * heads
     return CommitConfig(
-        operand_once=batch * heads >= _OPERAND_ONCE_PAIRS,
-        token_loop=(batch * heads <= _COMMIT_TOKEN_LOOP_PAIRS
-                    and batch * heads * spec_query_len ** 2 <= _COMMIT_TOKEN_LOOP_WORK),
+        operand_once=pairs >= _OPERAND_ONCE_PAIRS,
+        token_loop=(pairs <= _COMMIT_TOKEN_LOOP_PAIRS
+                    and pairs * spec_query_len ** 2 <= _COMMIT_TOKEN_LOOP_WORK),
         token_block_v=min(16 if not compiled or pairs > 2 * _COMMIT_FEWEST_PAIRS
                           else 8 if pairs > _COMMIT_FEWEST_PAIRS else 4, triton.next_power_of_2(head_v_dim)),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
         block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),
-        operand_block_k=min(64 if batch * heads >= _WIDE_OPERAND_PAIRS else 32, block_k),
+        operand_block_k=min(64 if pairs >= _WIDE_OPERAND_PAIRS else 32, block_k),
         operand_warps=1,
         block_kk=min(32, block_k),
         boundary_block_kk=min(_DOT_MIN, block_k),
         stages=3,
         num_warps=1,
-        wait_by_row=batch * heads > _WAIT_BY_ROW_PAIRS,
+        wait_by_row=pairs > _WAIT_BY_ROW_PAIRS,
     )
 
 

@@ -686,10 +686,18 @@ def _token_loop_kernel(
 def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
             state_indices, d, out, record_indices, pending=None, plan=None):
     """Verify in the design ``verify_config`` picks; with ``pending`` counts (and the ``plan``
-    that receives them) it first folds each row's pending records into its slot."""
+    that receives them) it first folds each row's pending records into its slot, in the same
+    programs or, with ``flush_apart``, by ``kda_recoverssm_flush`` ahead of them."""
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
     flush = pending is not None
-    cfg = verify_config(B, H, K, V, T, flush, compiled=v.device.type == "cuda")
+    compiled = v.device.type == "cuda"
+    cfg = verify_config(B, H, K, V, T, flush, compiled=compiled)
+    if cfg.flush_apart:
+        kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_indices,
+                             pending, plan)
+        _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
+                state_indices, d, out, record_indices)
+        return
     has_rec = record_indices is not None
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
                  plan.boundary_recovery_lens) if flush else (None,) * 4
@@ -704,7 +712,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         counters = row_counters(v.device, B * H + B) if flush else None
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
             *single, pending, *plan_rows, counters, BV=cfg.token_block_v, BT=cfg.token_block_t, FLUSH=flush,
-            WINDOW_AT_ONCE=cfg.token_window_at_once, FENCED=v.device.type == "cuda",
+            WINDOW_AT_ONCE=cfg.token_window_at_once, FENCED=compiled,
             num_warps=1, **single_options)
         return
     if cfg.one_pass:
@@ -778,12 +786,6 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
     if out is None:
         out = torch.zeros_like(v)
     if d.batch == 0:
-        return out
-    if verify_config(d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, spec_query_len, flush=True).flush_apart:
-        kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
-                             pending, plan)
-        _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
-                state_indices, d, out, record_rows)
         return out
     _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
             state_indices, d, out, record_rows, pending=pending, plan=plan)
