@@ -32,6 +32,7 @@ from kernels.dependent_launch import (
     await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
     signal_row_ready,
 )
+from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, commit_config
 from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
@@ -144,23 +145,40 @@ def _token_loop_kernel(
     state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    stride_state_indices, null_block_id,
+    pending_ptr, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, PENDING: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, folded one
     recorded token at a time (``fold_recorded_token``); the state after ``recovery`` tokens
     goes to the boundary slot, after ``n`` to the final one. Each token's work is elementwise
     over the tile but for its key's norm, and nothing is stored before the last token, so
-    every token's loads can go out at once."""
+    every token's loads can go out at once.
+
+    With ``PENDING`` the plan is not read: each row folds its pending count (``pending``
+    at its record row, as a flush plans it) into its own slot in place, and neither consumes
+    the count nor writes a plan row (``fold_pending``)."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+    if PENDING:
+        source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
+        rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+        owned = (source > null_block_id) & (rec >= 0)
+        n = planned_flush_count(tl.load(pending_ptr + rec, mask=owned, other=0), T)
+        # every record of an owned row is read whatever its count, so no load waits for it
+        folds, read_count = owned, T
+        final, has_final = source, n > 0
+        boundary, has_boundary, recovery = source, False, 0
+    else:
+        n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
+            commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr,
+            boundary_state_indices_ptr, boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T,
+            HAS_RECORD_INDICES)
+        read_count = n
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
         offs_k = tl.arange(0, BK)
@@ -174,14 +192,14 @@ def _token_loop_kernel(
         if has_boundary:
             S_boundary = S
             for t in tl.static_range(T):
-                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < n, offs_k, offs_v,
-                                        dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
                 S_boundary = tl.where(recovery == t + 1, S, S_boundary)
             tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
         else:
             for t in tl.static_range(T):
-                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < n, offs_k, offs_v,
-                                        dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
         tl.store(state_ptr + final * (H * V * K) + tile, S.to(dtype),
                  mask=(offs_v < V)[:, None] & (offs_k < tl.where(has_final, K, 0))[None, :])
 
@@ -310,12 +328,8 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     state_grid = (triton.cdiv(V, cfg.block_v), H, B)
     lower = 0.0 if lower_bound is None else float(lower_bound)
     if cfg.token_loop:
-        _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
-            checkpoint_state, records.correction, records.key_gate, A_log, dt_bias, lower, state_indices,
-            record_indices, *plan_rows, state_indices.stride(0), NULL_BLOCK_ID,
-            H=H, K=K, V=V, T=T, BK=cfg.block_k, BV=cfg.token_block_v, HAS_LOWER_BOUND=lower_bound is not None,
-            HAS_RECORD_INDICES=has_rec, **dependent, num_warps=1, num_stages=1,
-        )
+        _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices,
+                           record_indices, plan_rows, None)
         return
     if not cfg.operand_once:
         _fold_in_tile_kernel[state_grid](
@@ -341,4 +355,32 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
         checkpoint_state, records.correction, fold, decay, row_ready, state_indices, record_indices, *plan_rows,
         state_indices.stride(0), NULL_BLOCK_ID, B * H, parts, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth,
         BY_ROW=by_row, **args,
+    )
+
+
+def fold_pending(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound, state_indices,
+                 record_rows, pending) -> None:
+    """Fold each row's pending records (``pending[record_rows[b]]`` of them, as a flush plans
+    the count) into its slot in place, in one launch of the token loop, where
+    ``commit_config`` runs one for ``B`` rows (``token_loop``). Unlike ``kda_recoverssm_flush``
+    it neither consumes the counts nor writes a plan: the caller's next launch must (the
+    flushing verify's flush apart). Arguments as ``kda_recoverssm_flush``'s, already checked."""
+    B, H, V, K = state_indices.shape[0], checkpoint_state.shape[1], checkpoint_state.shape[2], checkpoint_state.shape[3]
+    cfg = commit_config(B, H, K, V, records.spec_query_len, compiled=checkpoint_state.device.type == "cuda")
+    assert cfg.token_loop, "fold_pending runs only where the commit runs its token loop"
+    _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
+                       (None,) * 4, pending)
+
+
+def _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_indices,
+                       plan_rows, pending) -> None:
+    """The commit's token loop over ``plan_rows``, or with ``pending`` counts instead (``PENDING``)."""
+    H, V, K = checkpoint_state.shape[1], checkpoint_state.shape[2], checkpoint_state.shape[3]
+    _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, state_indices.shape[0])](
+        checkpoint_state, records.correction, records.key_gate, A_log, dt_bias,
+        0.0 if lower_bound is None else float(lower_bound), state_indices, record_indices, *plan_rows, pending,
+        state_indices.stride(0), NULL_BLOCK_ID,
+        H=H, K=K, V=V, T=records.spec_query_len, BK=cfg.block_k, BV=cfg.token_block_v,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
+        PENDING=pending is not None, **dependent_launch(checkpoint_state.device), num_warps=1, num_stages=1,
     )

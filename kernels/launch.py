@@ -43,21 +43,22 @@ are read at once (T=4, one run: B=1 / 2 / 4 / 8 3.6 / 3.9 / 5.6 / 9.0 us against
 _FLUSH_TOKEN_LOOP_TOKENS = 384
 _FLUSH_TOKEN_LOOP_WINDOW = 4
 _FLUSH_NARROW_PAIRS = 24
-_FLUSH_FEWEST_PAIRS = 12
 _FLUSH_APART_PAIRS = 12
 """A flushing verify runs as one token loop (which first folds up to a window of pending
 records) up to ``_FLUSH_TOKEN_LOOP_TOKENS`` (row, head) pairs times the window, for windows
 up to ``_FLUSH_TOKEN_LOOP_WINDOW`` and, beyond, up to ``_FLUSH_NARROW_PAIRS`` pairs; on tiles
-of 2 state rows up to ``_FLUSH_FEWEST_PAIRS`` pairs or past that window, 4 up to
-``_FLUSH_NARROW_PAIRS``, else 8. On 4 rows the window's inputs and records are read at once,
-on 2 and 8 token by token (read at once, 2 rows reach 255 registers; 8 rows spill). Past
-that window and up to ``_FLUSH_APART_PAIRS`` pairs, it runs ``kda_recoverssm_flush``, then
-the stock verify (``flush_apart``): at B=1 the fused loop is one chain of 2T tokens whose
-loads go out token by token. H200, H=12, one run each (us, B=1 / 2 / 4): T=4 on 2 rows
-6.69 / 8.35 / 12.57, on 4 at once 7.36 / 7.09 / -, on 8 - / - / 8.71 (the two kernels, an
-earlier run: 14.7 at B=1, 15.3 at B=4); T=8 on 2 rows 13.69 / 11.93 / 21.09, on 4 16.57 /
-14.56 / 15.44, the two kernels 15.36 / 15.92 / 15.58; T=8, B=1, flush apart then verify
-10.97 against the fused loop's 13.78."""
+of 2 state rows past that window, 4 up to ``_FLUSH_NARROW_PAIRS``, else 8. On 4 rows the
+window's inputs and records are read at once, on 2 and 8 token by token (read at once, 2
+rows reach 255 registers; 8 rows spill). Up to ``_FLUSH_APART_PAIRS`` pairs (B=1 at H=12)
+it runs the fold alone (``kernels.commit.fold_pending``), then the stock verify's token loop,
+which consumes the counts and writes the flush plan (``flush_apart``): the fused loop is one
+chain of 2T tokens whose loads go out token by token. H200, H=12, one run each (us, B=1 / 2
+/ 4): T=4 on 2 rows 6.69 / 8.35 / 12.57, on 4 at once 7.36 / 7.09 / -, on 8 - / - / 8.71; T=8
+on 2 rows 13.69 / 11.93 / 21.09, on 4 16.57 / 14.56 / 15.44. Flush apart, B=1, against the
+fused loop (T=4) or ``kda_recoverssm_flush`` then verify (T=8), in one run each: T=4 6.47
+against 6.70, T=8 10.54 against 11.00. At B=2 and beyond it loses (an earlier run, its fold
+waiting for the count: T=4, B=2 / 4 / 8 7.23 / 10.89 / 15.75 against the fused loop's 7.10 /
+8.72 / 15.47)."""
 
 _COMMIT_TOKEN_LOOP_PAIRS = 384
 _COMMIT_TOKEN_LOOP_WORK = 6144
@@ -99,8 +100,8 @@ def fold_depth(block_t: int) -> int:
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """Tiles of the verify kernels. ``flush_apart``: a flushing verify runs as the flush, then
-    the stock verify, each in its own configuration. ``token_loop``: the window one token at a
+    """Tiles of the verify kernels. ``flush_apart``: a flushing verify runs as the fold
+    (``fold_pending``), then the stock verify's token loop in its own configuration. ``token_loop``: the window one token at a
     time, on ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
     over ``one_pass``), the window's inputs read at once (``token_window_at_once``) or token
     by token. ``one_pass``: one kernel, whose programs each build the window's
@@ -194,6 +195,11 @@ def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
     return "start" if pairs <= _FEW_WINDOW_PROGRAMS else "exit"
 
 
+def _commit_token_loop(pairs: int, spec_query_len: int) -> bool:
+    """Whether the commit of ``pairs`` (row, head) pairs folds one token at a time."""
+    return pairs <= _COMMIT_TOKEN_LOOP_PAIRS and pairs * spec_query_len ** 2 <= _COMMIT_TOKEN_LOOP_WORK
+
+
 def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
                   flush: bool = False, compiled: bool = True) -> VerifyConfig:
     """``flush``: verify after folding each row's pending records. In the two kernels the state
@@ -214,14 +220,16 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     if flush:
         token_loop = (pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
                       and (not long_window or pairs <= _FLUSH_NARROW_PAIRS))
-        fewest = compiled and (long_window or pairs <= _FLUSH_FEWEST_PAIRS)
-        token_rows = 2 if fewest else 4 if pairs <= _FLUSH_NARROW_PAIRS else 8
+        token_rows = 2 if compiled and long_window else 4 if pairs <= _FLUSH_NARROW_PAIRS else 8
     else:
         token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
         token_rows = (16 if not compiled else 4 if spec_query_len <= 4
                       else 2 if pairs <= _VERIFY_FEWEST_PAIRS else 8)
     return VerifyConfig(
-        flush_apart=flush and long_window and pairs <= _FLUSH_APART_PAIRS,
+        # the fold and the window each in its token loop, the second consuming the counts
+        flush_apart=(flush and pairs <= _FLUSH_APART_PAIRS
+                     and pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
+                     and _commit_token_loop(pairs, spec_query_len)),
         one_pass=one_pass,
         token_loop=token_loop,
         token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
@@ -255,8 +263,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     pairs = batch * heads
     return CommitConfig(
         operand_once=pairs >= _OPERAND_ONCE_PAIRS,
-        token_loop=(pairs <= _COMMIT_TOKEN_LOOP_PAIRS
-                    and pairs * spec_query_len ** 2 <= _COMMIT_TOKEN_LOOP_WORK),
+        token_loop=_commit_token_loop(pairs, spec_query_len),
         token_block_v=min(16 if not compiled or pairs > 2 * _COMMIT_FEWEST_PAIRS
                           else 8 if pairs > _COMMIT_FEWEST_PAIRS else 4, triton.next_power_of_2(head_v_dim)),
         block_k=block_k,

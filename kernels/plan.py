@@ -15,6 +15,7 @@ from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.commit import kda_recoverssm_commit
 from kernels.contract import check_pending_args, check_plan_args
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.flush_plan import store_flush_plan
 
 _PLAN_BLOCK = 128
 
@@ -98,26 +99,6 @@ def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pe
     deferred = defer_rows(rows, in_batch, slot, lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
                           HAS_EAGER)
     tl.store(commit_lens_ptr + rows, tl.zeros((BLOCK,), tl.int32), mask=deferred)
-
-
-@triton.jit
-def planned_flush_count(count, SPEC_QUERY_LEN: tl.constexpr):
-    """A pending count as a flush plans it: clamped to ``[0, SPEC_QUERY_LEN]``."""
-    return tl.minimum(tl.maximum(count, 0), SPEC_QUERY_LEN)
-
-
-@triton.jit
-def store_flush_plan(rows, mask, slot, count, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-                     boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN: tl.constexpr):
-    """Plan rows ``rows`` (where ``mask``; a scalar or a vector, like ``slot`` and ``count``)
-    to fold ``count`` pending records into ``slot`` in place, with no boundary slot. Returns
-    the count as planned (``planned_flush_count``)."""
-    count = planned_flush_count(count, SPEC_QUERY_LEN)
-    tl.store(commit_lens_ptr + rows, count, mask=mask)
-    tl.store(final_state_indices_ptr + rows, slot, mask=mask)
-    tl.store(boundary_state_indices_ptr + rows, null_block_id, mask=mask)
-    tl.store(boundary_recovery_lens_ptr + rows, 0, mask=mask)
-    return count
 
 
 @triton.jit

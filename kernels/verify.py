@@ -43,8 +43,10 @@ it back. In the two kernels a second key-side program per (row, head) builds the
 operand of the row's pending records (``kernels.fold``), before this window's records
 overwrite them, and the state kernel folds each state block with it, stores the block in
 place and takes the window's products from it. Either way a deferred step reads each slot
-once. For a long window and the fewest pairs (``flush_apart``) it is ``kda_recoverssm_flush``,
-then the stock verify: two chains of T tokens in turn are shorter there than one of 2T.
+once. For the fewest pairs (``flush_apart``) it is the flush's fold alone
+(``kernels.commit.fold_pending``), then the stock token loop, which also consumes the counts
+and writes the flush plan: two chains of T tokens in turn are shorter there than one of 2T,
+in as many launches as the stock step's verify and commit.
 
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay
 is bounded (a lower bound on the gate, as Kimi-K3 uses); otherwise ``A`` and ``C`` are
@@ -59,6 +61,7 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
+from kernels.commit import fold_pending
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.dependent_launch import (
     arrive, arrived_last, await_prior_grid, await_producers, dependent_launch, gpu_fence, release_next_grid,
@@ -69,7 +72,7 @@ from kernels.fold import (
     fold_recorded_token, fold_recorded_window, fold_state_block, recorded_corrections, store_fold_operand,
 )
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
-from kernels.plan import kda_recoverssm_flush, planned_flush_count, store_flush_plan
+from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.triton_math import (
     inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_column, tile_row,
     token_key_and_decay, token_queries, vector_entry, window_keys_and_gates,
@@ -543,7 +546,8 @@ def _token_loop_kernel(
     counters_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FLUSH: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, FENCED: tl.constexpr, DEPENDENT: tl.constexpr,
+    FLUSH: tl.constexpr, CONSUME_PENDING: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, FENCED: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
     the window one token at a time (docs: section 2): two row reductions a token (the
@@ -569,7 +573,11 @@ def _token_loop_kernel(
     arrives right after its fold and reads the answers after the window, behind one
     ``gpu_fence`` each way (``FENCED``: compiled). The records are read whatever the count, so
     that their loads need not wait for it. The first program of a row writes its flush plan,
-    last."""
+    last.
+
+    With ``CONSUME_PENDING`` (the flush apart, ``fold_pending`` launched just before) the
+    first program of each row consumes its pending count and writes its flush plan: the
+    window runs from the state that launch folded."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -586,6 +594,9 @@ def _token_loop_kernel(
         writes_records = owned
     else:
         writes_records = (pid_v == 0) & (rec >= 0)
+    if CONSUME_PENDING:
+        consumed = (pid_v == 0) & (h == 0) & (slot > null_block_id) & (rec >= 0)
+        pending_count = tl.load(pending_ptr + rec, mask=consumed, other=0)
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     mask_v = offs_v < V
@@ -678,7 +689,10 @@ def _token_loop_kernel(
     elif length > 0:
         _store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v[:, None],
                        stride_out_tok, V, BM)
-    if FLUSH:  # last: warps issue in order, and a store waiting for the count would hold up every load behind it
+    if FLUSH or CONSUME_PENDING:
+        # last: warps issue in order, and a store waiting for the count would hold up every load behind it
+        if CONSUME_PENDING:
+            tl.store(pending_ptr + rec, 0, mask=consumed)
         store_flush_plan(b, (pid_v == 0) & (h == 0), slot, pending_count, commit_lens_ptr, final_state_indices_ptr,
                          boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, T)
 
@@ -687,20 +701,19 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
             state_indices, d, out, record_indices, pending=None, plan=None):
     """Verify in the design ``verify_config`` picks; with ``pending`` counts (and the ``plan``
     that receives them) it first folds each row's pending records into its slot, in the same
-    programs or, with ``flush_apart``, by ``kda_recoverssm_flush`` ahead of them."""
+    programs or, with ``flush_apart``, by ``fold_pending`` ahead of them."""
     B, H, K, V, T = d.batch, d.num_heads, d.head_k_dim, d.head_v_dim, d.spec_query_len
     flush = pending is not None
     compiled = v.device.type == "cuda"
     cfg = verify_config(B, H, K, V, T, flush, compiled=compiled)
-    if cfg.flush_apart:
-        kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_indices,
-                             pending, plan)
-        _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state, records, query_start_loc,
-                state_indices, d, out, record_indices)
-        return
+    consume = cfg.flush_apart
+    if consume:  # the fold, then the stock verify's token loop, which consumes the counts and plans
+        fold_pending(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_indices, pending)
+        flush = False
+        cfg = verify_config(B, H, K, V, T, compiled=compiled)
     has_rec = record_indices is not None
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
-                 plan.boundary_recovery_lens) if flush else (None,) * 4
+                 plan.boundary_recovery_lens) if flush or consume else (None,) * 4
     # the arguments of the designs that run verify as one kernel
     single = (q, k, raw_g, v, raw_beta, A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound),
               checkpoint_state, records.key_gate, records.correction, out, query_start_loc, state_indices,
@@ -712,7 +725,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         counters = row_counters(v.device, B * H + B) if flush else None
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
             *single, pending, *plan_rows, counters, BV=cfg.token_block_v, BT=cfg.token_block_t, FLUSH=flush,
-            WINDOW_AT_ONCE=cfg.token_window_at_once, FENCED=compiled,
+            CONSUME_PENDING=consume, WINDOW_AT_ONCE=cfg.token_window_at_once, FENCED=compiled,
             num_warps=1, **single_options)
         return
     if cfg.one_pass:
@@ -778,7 +791,7 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
     """``kda_recoverssm_flush`` then ``kda_recoverssm_verify(..., record_indices=record_rows)``
     (docs: section 7) with one read of each state tile: the state kernel folds a row's
     pending records into its tile, stores it in place and runs the window from it (for the
-    fewest pairs and a long window, ``flush_apart``: literally the flush, then verify).
+    fewest pairs, ``flush_apart``: the flush's fold, then verify, which consumes the counts).
     ``plan`` receives the flush plan; every pending count is consumed once."""
     check_pending_args(state_indices, record_rows, pending, plan)
     d = check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records,

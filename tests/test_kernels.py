@@ -17,6 +17,7 @@ import kernels.launch
 import kernels.plan
 import kernels.reference as ref
 from kernels.buffers import CommitPlan
+from kernels.commit import fold_pending
 import kernels.dependent_launch as dependent_launch_module
 from kernels.dependent_launch import dependent_launch, row_counters
 from tests.kernel_problems import (
@@ -93,16 +94,16 @@ def use_verify_design(monkeypatch, name: str) -> None:
 def use_flushing_design(monkeypatch, name: str) -> None:
     """Run every flushing verify through design ``name``, whatever the batch: one token at a
     time, folding first, on 4-row tiles with the window's inputs read at once or on 8-row
-    tiles token by token (the 2-row tiles of the fewest pairs run the same code token by
-    token); the key side (with the fold programs) and the folding state kernel; the flush
-    apart (``kda_recoverssm_flush``), then the stock verify."""
+    tiles token by token (the 2-row tiles of long windows run the same code token by token);
+    the key side (with the fold programs) and the folding state kernel; the flush apart (the
+    fold alone, ``fold_pending``), then the stock verify's token loop, which consumes the
+    counts and writes the plan."""
     token_loop = name.startswith("token-loop")
     at_once = name == "token-loop-at-once"
     apart = name == "flush-apart"
     monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 0 if apart else 1 << 30)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 1 << 30)
     monkeypatch.setattr(kernels.launch, "_FLUSH_NARROW_PAIRS", 1 << 30 if at_once else -1)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_FEWEST_PAIRS", -1)
     monkeypatch.setattr(kernels.launch, "_FLUSH_APART_PAIRS", 1 << 30 if apart else -1)
     flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
     assert flushing.flush_apart == apart
@@ -125,8 +126,8 @@ def verify_design(request, monkeypatch):
 def test_verify_design_follows_pair_count():
     """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 (4 state rows a tile) and
     B=4 at T=8 (2 rows up to B=2, then 8), then one kernel up to B=16, two from B=17;
-    flushing, one token at a time up to B=8 at T=4 (2 rows at B=1, 4 at B=2, then 8) and B=2
-    at T=8 (2 rows; at B=1 the flush apart, then the stock verify), else two kernels."""
+    flushing, at B=1 the flush apart, then the stock verify; one token at a time up to B=8 at
+    T=4 (4 rows at B=2, then 8) and B=2 at T=8 (2 rows), else two kernels."""
     config = kernels.launch.verify_config
     assert config(8, 12, 128, 128, 4).token_loop and config(8, 12, 128, 128, 4).token_block_v == 4
     assert not config(9, 12, 128, 128, 4).token_loop
@@ -134,16 +135,16 @@ def test_verify_design_follows_pair_count():
     assert config(4, 12, 128, 128, 8).token_loop and not config(5, 12, 128, 128, 8).token_loop
     assert config(16, 12, 128, 128, 8).one_pass
     assert not config(17, 12, 128, 128, 8).one_pass
-    assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (1, 2, 3, 8)] == [2, 4, 8, 8]
-    at_once = [config(b, 12, 128, 128, 4, flush=True).token_window_at_once for b in (1, 2, 3, 8)]
-    assert at_once == [False, True, False, False]
+    assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (2, 3, 8)] == [4, 8, 8]
+    at_once = [config(b, 12, 128, 128, 4, flush=True).token_window_at_once for b in (2, 3, 8)]
+    assert at_once == [True, False, False]
     assert config(1, 12, 128, 128, 8).token_window_at_once and config(8, 12, 128, 128, 4).token_window_at_once
     assert config(8, 12, 128, 128, 4, flush=True).token_loop
     assert not config(9, 12, 128, 128, 4, flush=True).token_loop
     assert [config(b, 12, 128, 128, 8, flush=True).flush_apart for b in (1, 2)] == [True, False]
     assert config(2, 12, 128, 128, 8, flush=True).token_loop
     assert config(2, 12, 128, 128, 8, flush=True).token_block_v == 2
-    assert not any(config(b, 12, 128, 128, 4, flush=True).flush_apart for b in (1, 2, 8))
+    assert [config(b, 12, 128, 128, 4, flush=True).flush_apart for b in (1, 2, 8)] == [True, False, False]
     # the interpreter runs programs one after another: the wider tiles there
     assert config(1, 12, 128, 128, 8, compiled=False).token_block_v == 16
     assert config(1, 12, 128, 128, 4, flush=True, compiled=False).token_block_v == 4
@@ -290,14 +291,43 @@ def deferred_buffers(p, rows, device):
     return p.state.double(), float64_records(p.records), pending, pending.clone(), plan, plan64
 
 
+def deferred_problem(device, seed: int) -> Problem:
+    """The deferred tests' problem: H=2, K=V=32, T=4, bf16 activations, fp32 state."""
+    return make_problem(device, H=2, K=32, V=32, T=4, act=torch.bfloat16, state_dtype=torch.float32,
+                        lower_bound=-5.0, seed=seed)
+
+
+def test_fold_pending_folds_without_consuming(device):
+    """The flush apart's first launch (``fold_pending``): each row's pending records folded
+    into its slot in place as the reference's flush folds them, counts out of range clamped,
+    slots of rows with nothing to fold untouched; the counts and the plan left as they were."""
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    T = 4
+    p = deferred_problem(device, seed)
+    rows = p.record_rows()
+    state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
+    check_verify(p, p.state, p.records, state64, records64)  # the records to fold
+    # up to each row's recorded tokens; past T (clamped) on full windows
+    counts = torch.tensor([gen.randint(-2, T + 3 if n == T else n) for n in p.lengths], dtype=torch.int32,
+                          device=device)
+    counts[0] = T  # a full window
+    pending[rows] = pending64[rows] = counts
+    before, counts_before, plan_before = p.state.clone(), pending.clone(), plan.commit_lens.clone()
+    fold_pending(p.state, p.records, p.A_log, p.dt_bias, -5.0, p.state_indices, rows, pending)
+    ref.kda_recoverssm_flush(state64, records64, p.A_log, p.dt_bias, -5.0, p.state_indices, rows, pending64, plan64)
+    check_states(p, p.state, state64, before, 1)
+    assert torch.equal(pending, counts_before), "fold_pending consumed a count"
+    assert same_bits(plan.commit_lens, plan_before), "fold_pending wrote a plan"
+
+
 @pytest.mark.parametrize("with_eager", [True, False])
 def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     """flush, verify, plan, defer (+ commit of eager rows), twice, then a final flush."""
     seed = fresh_seed()
     gen = random.Random(seed)
     T = 4
-    p = make_problem(device, H=2, K=32, V=32, T=T, act=torch.bfloat16, state_dtype=torch.float32,
-                     lower_bound=-5.0, seed=seed)
+    p = deferred_problem(device, seed)
     rows = p.record_rows()
     state, records = p.state, p.records
     state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
@@ -327,8 +357,7 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
         ref.kda_recoverssm_commit(state64, records64, p.A_log, p.dt_bias, p.lower_bound, p.state_indices,
                                   plan64, record_indices=rows)
         check_states(p, state, state64, before, rounds)
-        fresh = make_problem(device, H=2, K=32, V=32, T=T, act=torch.bfloat16, state_dtype=torch.float32,
-                             lower_bound=-5.0, seed=seed + rounds)
+        fresh = deferred_problem(device, seed + rounds)
         p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
 
     deferred = pending.clone()
