@@ -101,10 +101,11 @@ def fold_depth(block_t: int) -> int:
 @dataclass(frozen=True)
 class VerifyConfig:
     """Tiles of the verify kernels. ``flush_apart``: a flushing verify runs as the fold
-    (``fold_pending``), then the stock verify's token loop in its own configuration. ``token_loop``: the window one token at a
-    time, on ``[token_block_v, block_k]`` state tiles, ``token_block_t`` token columns (takes precedence
-    over ``one_pass``), the window's inputs read at once (``token_window_at_once``) or token
-    by token. ``one_pass``: one kernel, whose programs each build the window's
+    (``fold_pending``), then the stock verify's token loop in its own configuration.
+    ``token_loop``: the window one token at a time, on ``[token_block_v, block_k]`` state
+    tiles, ``token_block_t`` token columns (takes precedence over ``one_pass``), the window's
+    inputs read at once (``token_window_at_once``) or token by token. ``one_pass``: one
+    kernel, whose programs each build the window's
     operands and take their products with a state tile, on the state kernel's tiles
     (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side and the
     state kernel. ``block_t``: rows per token tile; ``window_block_k``, ``state_block_k``: key
@@ -217,18 +218,18 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     one_pass = not flush and pairs <= _ONE_PASS_PAIRS
     narrow = flush or one_pass
     long_window = spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW  # for a flushing verify
+    stock_token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
     if flush:
         token_loop = (pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
                       and (not long_window or pairs <= _FLUSH_NARROW_PAIRS))
         token_rows = 2 if compiled and long_window else 4 if pairs <= _FLUSH_NARROW_PAIRS else 8
     else:
-        token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
+        token_loop = stock_token_loop
         token_rows = (16 if not compiled else 4 if spec_query_len <= 4
                       else 2 if pairs <= _VERIFY_FEWEST_PAIRS else 8)
     return VerifyConfig(
         # the fold and the window each in its token loop, the second consuming the counts
-        flush_apart=(flush and pairs <= _FLUSH_APART_PAIRS
-                     and pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
+        flush_apart=(flush and pairs <= _FLUSH_APART_PAIRS and stock_token_loop
                      and _commit_token_loop(pairs, spec_query_len)),
         one_pass=one_pass,
         token_loop=token_loop,
