@@ -172,6 +172,8 @@ def _token_loop_kernel(
         # every record of an owned row is read whatever its count, so no load waits for it
         folds, read_count = owned, T
         final, has_final = source, n > 0
+        # no boundary slot, its names bound all the same: compiled, a plain False is a tensor,
+        # so the boundary branch below is still generated
         boundary, has_boundary, recovery = source, False, 0
     else:
         n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
