@@ -384,5 +384,6 @@ def _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bou
         state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=records.spec_query_len, BK=cfg.block_k, BV=cfg.token_block_v,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        PENDING=pending is not None, **dependent_launch(checkpoint_state.device), num_warps=1, num_stages=1,
+        PENDING=pending is not None, **dependent_launch(checkpoint_state.device), num_warps=1,
+        maxnreg=cfg.token_max_registers, num_stages=1,
     )

@@ -74,6 +74,25 @@ that, else 16 (H200, one run, us, B=1 / 2 / 4 / 8, T=4: 4 rows 2.69 / 3.09 / 4.0
 8 rows 2.88 / 3.22 / 4.08 / 5.97, 16 rows 3.59 / 3.74 / 4.42 / 6.50; T=8: 3.99 / 4.41 / 5.46 /
 8.28, 5.01 / 4.96 / 5.78 / 8.26, 7.18 / 6.59 / 6.16 / 8.46)."""
 
+_TOKEN_LOOP_REGISTERS = 168
+_FLUSH_WIDE_TILE_PAIRS = 64
+"""Register budget of a token loop's one-warp programs (``token_max_registers``; 12 of them fit
+an SM). Given a budget, ptxas schedules to it, also where its own choice is lower: the verify
+loop with record rows takes 128 registers by itself against 168 without, and the commit loop
+on 4 state rows 72, where under a budget of 168 they take 168 and 96
+(``benchmarks/token_loop_registers.py``). H200, one run of budgets 96-232, under 168 against
+none (us; an earlier run at 168 alike): stock verify T=4, B=1 / 2 / 4 / 8 3.49 / 3.85 / 5.06 /
+9.07 against 3.72 / 4.14 / 6.07 / 9.27; T=8, B=1 / 2 / 4 5.50 / 7.02 / 9.65 against 5.47 /
+7.00 / 9.73 (192: 5.72 / 10.33; 128: 6.11 / 8.85); the flushing verify (at B=1 the fold and
+the verify consuming the counts, both under the budget) T=4, B=1 / 2 / 4 / 8 6.27 / 7.00 /
+9.42 / 12.27 against 6.52 / 7.09 / 8.70 / 15.46, T=8, B=1 / 2 9.69 / 11.81 against 10.54 /
+11.89; the commit T=4, B=1 / 2 / 4 / 8 / 16 / 32 2.64 / 3.07 / 4.44 / 5.96 / 10.33 / 18.86
+against 2.69 / 3.10 / 4.07 / 5.93 / 11.09 / 18.50, T=8, B=1 / 2 / 4 / 8 3.80 / 4.15 / 5.86 /
+7.54 against 4.00 / 4.42 / 5.45 / 8.32. So every token loop takes the budget but the flushing
+loop on 8 rows up to ``_FLUSH_WIDE_TILE_PAIRS`` pairs (at its own 237 registers, 8 programs
+per SM, its grid of 16 V-tiles a pair is resident at once there; above, only under the budget)
+and the commit at 4 rows from 25 pairs and at 16 rows past 192 (``_commit_token_registers``)."""
+
 _ONE_PASS_PAIRS = 192
 """(row, head) pairs up to which verify runs as one kernel (``one_pass``), each V-tile
 building the window's operands itself. H200, H=12, against the two kernels (us, T=4 / T=8):
@@ -104,7 +123,8 @@ class VerifyConfig:
     (``fold_pending``), then the stock verify's token loop in its own configuration.
     ``token_loop``: the window one token at a time, on ``[token_block_v, block_k]`` state
     tiles, ``token_block_t`` token columns (takes precedence over ``one_pass``), the window's
-    inputs read at once (``token_window_at_once``) or token by token. ``one_pass``: one
+    inputs read at once (``token_window_at_once``) or token by token, each program under
+    ``token_max_registers`` (``_TOKEN_LOOP_REGISTERS``). ``one_pass``: one
     kernel, whose programs each build the window's
     operands and take their products with a state tile, on the state kernel's tiles
     (``block_v``, ``state_block_k``, ``stages``, ``num_warps``); otherwise the key side and the
@@ -122,6 +142,7 @@ class VerifyConfig:
     token_block_v: int
     token_block_t: int
     token_window_at_once: bool
+    token_max_registers: int | None
     block_k: int
     block_v: int
     block_t: int
@@ -149,7 +170,8 @@ class VerifyConfig:
 @dataclass(frozen=True)
 class CommitConfig:
     """``token_loop``: the records folded one token at a time, on ``[token_block_v, block_k]``
-    state tiles (takes precedence). ``operand_once``: the fold operands are built once per
+    state tiles (takes precedence), each program under ``token_max_registers``
+    (``_TOKEN_LOOP_REGISTERS``). ``operand_once``: the fold operands are built once per
     (row, head) by a kernel of their own, ``block_t`` rows (tokens) each, one program per
     ``operand_block_k`` key channels on ``operand_warps`` warps; otherwise each V-tile
     rebuilds them. ``block_kk``: state columns (key channels) per step, ``boundary_block_kk``
@@ -160,6 +182,7 @@ class CommitConfig:
     operand_once: bool
     token_loop: bool
     token_block_v: int
+    token_max_registers: int | None
     block_k: int
     block_v: int
     block_t: int
@@ -194,6 +217,16 @@ def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
     if flush:
         return "end"
     return "start" if pairs <= _FEW_WINDOW_PROGRAMS else "exit"
+
+
+def _commit_token_registers(pairs: int) -> int | None:
+    """The commit token loop's register budget (``_TOKEN_LOOP_REGISTERS``): on 4 state rows up
+    to 24 pairs (B=4, T=4 / 8: 4.44 / 5.86 us under it against 4.07 / 5.45), on 8, and on 16 up
+    to 192 (B=32, T=4: 18.86 against 18.50; at B=16 its 8 V-tiles a pair are resident at once
+    only under it, 10.33 against 11.09)."""
+    if pairs <= _COMMIT_FEWEST_PAIRS:
+        return _TOKEN_LOOP_REGISTERS if pairs <= _COMMIT_FEWEST_PAIRS // 2 else None
+    return _TOKEN_LOOP_REGISTERS if pairs <= 4 * _COMMIT_FEWEST_PAIRS else None
 
 
 def _commit_token_loop(pairs: int, spec_query_len: int) -> bool:
@@ -236,6 +269,8 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
         token_block_t=triton.next_power_of_2(spec_query_len),
         token_window_at_once=not flush or token_rows == 4,
+        token_max_registers=(None if flush and token_rows == 8 and pairs <= _FLUSH_WIDE_TILE_PAIRS
+                             else _TOKEN_LOOP_REGISTERS),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim))),
         block_t=block_t,
@@ -267,6 +302,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_loop=_commit_token_loop(pairs, spec_query_len),
         token_block_v=min(16 if not compiled or pairs > 2 * _COMMIT_FEWEST_PAIRS
                           else 8 if pairs > _COMMIT_FEWEST_PAIRS else 4, triton.next_power_of_2(head_v_dim)),
+        token_max_registers=_commit_token_registers(pairs),
         block_k=block_k,
         block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))),
         block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),

@@ -726,7 +726,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, B)](
             *single, pending, *plan_rows, counters, BV=cfg.token_block_v, BT=cfg.token_block_t, FLUSH=flush,
             CONSUME_PENDING=consume, WINDOW_AT_ONCE=cfg.token_window_at_once, FENCED=compiled,
-            num_warps=1, **single_options)
+            num_warps=1, maxnreg=cfg.token_max_registers, **single_options)
         return
     if cfg.one_pass:
         _one_pass_kernel[(triton.cdiv(V, cfg.block_v), H, B)](

@@ -153,6 +153,18 @@ def test_verify_design_follows_pair_count():
         assert not (flushing.one_pass or flushing.token_loop)
 
 
+def test_token_loops_take_a_register_budget():
+    """Every token loop runs under a budget of 168 registers but the flushing verify on 8 state
+    rows up to 64 pairs and the commit on 4 rows from 25 pairs and on 16 past 192."""
+    verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
+    assert {verify(b, 12, 128, 128, t).token_max_registers for b in (1, 2, 8) for t in (4, 8)} == {168}
+    assert [verify(b, 12, 128, 128, 4, flush=True).token_max_registers for b in (1, 2, 3, 5, 6, 8)] == [
+        168, 168, None, None, 168, 168]
+    assert verify(2, 12, 128, 128, 8, flush=True).token_max_registers == 168
+    budgets = [commit(b, 12, 128, 128, 4).token_max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
+    assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
+
+
 def test_only_stock_verify_and_commit_wait_by_row():
     """Above 1024 (row, head) pairs the stock verify's and the commit's state programs wait for
     their row's operands only; a flushing verify's always wait for the whole key side."""
