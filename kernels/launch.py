@@ -76,6 +76,8 @@ that, else 16 (H200, one run, us, B=1 / 2 / 4 / 8, T=4: 4 rows 2.69 / 3.09 / 4.0
 
 _TOKEN_LOOP_REGISTERS = 168
 _FLUSH_WIDE_TILE_PAIRS = 64
+_COMMIT_NARROW_BUDGET_PAIRS = 24
+_COMMIT_WIDE_BUDGET_PAIRS = 192
 """Register budget of a token loop's one-warp programs (``token_max_registers``; 12 of them fit
 an SM). Given a budget, ptxas schedules to it, also where its own choice is lower: the verify
 loop with record rows takes 128 registers by itself against 168 without, and the commit loop
@@ -221,12 +223,12 @@ def _window_release(pairs: int, flush: bool, wait_by_row: bool) -> str:
 
 def _commit_token_registers(pairs: int) -> int | None:
     """The commit token loop's register budget (``_TOKEN_LOOP_REGISTERS``): on 4 state rows up
-    to 24 pairs (B=4, T=4 / 8: 4.44 / 5.86 us under it against 4.07 / 5.45), on 8, and on 16 up
-    to 192 (B=32, T=4: 18.86 against 18.50; at B=16 its 8 V-tiles a pair are resident at once
-    only under it, 10.33 against 11.09)."""
-    if pairs <= _COMMIT_FEWEST_PAIRS:
-        return _TOKEN_LOOP_REGISTERS if pairs <= _COMMIT_FEWEST_PAIRS // 2 else None
-    return _TOKEN_LOOP_REGISTERS if pairs <= 4 * _COMMIT_FEWEST_PAIRS else None
+    to ``_COMMIT_NARROW_BUDGET_PAIRS`` (B=4, T=4 / 8: 4.44 / 5.86 us under it against 4.07 /
+    5.45), on 8, and on 16 up to ``_COMMIT_WIDE_BUDGET_PAIRS`` (B=32, T=4: 18.86 against 18.50;
+    at B=16 its 8 V-tiles a pair are resident at once only under it, 10.33 against 11.09)."""
+    if pairs <= _COMMIT_FEWEST_PAIRS:  # 4 state rows
+        return _TOKEN_LOOP_REGISTERS if pairs <= _COMMIT_NARROW_BUDGET_PAIRS else None
+    return _TOKEN_LOOP_REGISTERS if pairs <= _COMMIT_WIDE_BUDGET_PAIRS else None
 
 
 def _commit_token_loop(pairs: int, spec_query_len: int) -> bool:
