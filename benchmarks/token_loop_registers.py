@@ -109,7 +109,7 @@ def main() -> None:
         print(sass)
     registers = re.search(r"REG:(\d+)", usage).group(1)
     local = re.search(r"LOCAL:(\d+)", usage).group(1)
-    instructions = len(re.findall(r"/\*[0-9a-f]{4}\*/", sass))
+    instructions = len(re.findall(r"/\*[0-9a-f]{4,}\*/", sass))
     print(f"{args.kernel} T={args.spec_len} BV={args.block_v} budget={args.budget or 'none'} "
           f"{' '.join(f'{k}={int(v)}' for k, v in modes.items())}: "
           f"{registers} registers, {local} bytes local, {instructions} instructions")

@@ -17,8 +17,7 @@ Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate
    split-precision product, with ``U`` from ``recorded_corrections`` once per state tile.
 
 Kernels that hold a whole state tile and step token by token fold instead one recorded token
-at a time (``fold_recorded_token``, the recurrence of docs section 2), or read the whole
-record row at once first (``fold_recorded_window``).
+at a time (``fold_recorded_token``, the recurrence of docs section 2).
 
 Records past ``n`` are masked out before they are read (by ``fold_recorded_token``, where its
 caller reads them all, before they reach the state), so NaN there is inert.
@@ -28,8 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_math import (
-    fold_operand, load_record_block, recurrence_step, tile_column, tile_row, token_key_and_decay,
-    window_keys_and_gates,
+    fold_operand, load_record_block, recurrence_step, token_key_and_decay, window_keys_and_gates,
 )
 
 
@@ -99,30 +97,3 @@ def fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, live, readabl
     key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND)
     return recurrence_step(S, tl.where(live, decay, 1.0)[None, :], tl.where(live, key, 0.0)[None, :],
                            tl.where(live, correction, 0.0)[:, None])
-
-
-@triton.jit
-def fold_recorded_window(S, key_gate_ptr, correction_ptr, first, count, readable, offs_t, offs_k, offs_v, dt_bias, A,
-                         lower_bound, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-                         HAS_LOWER_BOUND: tl.constexpr):
-    """``fold_recorded_token`` over tokens ``0 .. count - 1`` of the record row whose token 0 is
-    at ``first``, with all ``T`` of its records read at once where ``readable``: raw keys and
-    gates as ``[BT, BK]`` blocks (``offs_t`` is ``arange(0, BT)``), corrections as ``[BV, BT]``,
-    normalised and gated as blocks, each token then taking its row. So no record's load waits
-    for an earlier token's step; what a token at or past ``count`` reads never reaches ``S``."""
-    read_t = offs_t < tl.where(readable, T, 0)
-    kg_rows = key_gate_ptr + (first + offs_t[:, None]) * (2 * K)
-    read_tk = read_t[:, None] & (offs_k < K)[None, :]
-    k_raw = tl.load(kg_rows + offs_k[None, :], mask=read_tk, other=0.0)
-    g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=read_tk, other=0.0)
-    corrections = tl.load(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None],
-                          mask=(offs_v < V)[:, None] & read_t[None, :], other=0.0)
-    live = offs_t < count
-    keys, decays = token_key_and_decay(k_raw, g_raw, dt_bias[None, :], A, lower_bound, HAS_LOWER_BOUND)
-    keys = tl.where(live[:, None], keys, 0.0)
-    decays = tl.where(live[:, None], decays, 1.0)
-    corrections = tl.where(live[None, :], corrections, 0.0)
-    for t in tl.static_range(T):
-        S = recurrence_step(S, tile_row(decays, offs_t, t)[None, :], tile_row(keys, offs_t, t)[None, :],
-                            tile_column(corrections, offs_t, t)[:, None])
-    return S

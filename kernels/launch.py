@@ -45,20 +45,23 @@ _FLUSH_TOKEN_LOOP_WINDOW = 4
 _FLUSH_NARROW_PAIRS = 24
 _FLUSH_APART_PAIRS = 12
 """A flushing verify runs as one token loop (which first folds up to a window of pending
-records) up to ``_FLUSH_TOKEN_LOOP_TOKENS`` (row, head) pairs times the window, for windows
-up to ``_FLUSH_TOKEN_LOOP_WINDOW`` and, beyond, up to ``_FLUSH_NARROW_PAIRS`` pairs; on tiles
-of 2 state rows past that window, 4 up to ``_FLUSH_NARROW_PAIRS``, else 8. On 4 rows the
-window's inputs and records are read at once, on 2 and 8 token by token (read at once, 2
-rows reach 255 registers; 8 rows spill). Up to ``_FLUSH_APART_PAIRS`` pairs (B=1 at H=12)
-it runs the fold alone (``kernels.commit.fold_pending``), then the stock verify's token loop,
-which consumes the counts and writes the flush plan (``flush_apart``): the fused loop is one
-chain of 2T tokens whose loads go out token by token. H200, H=12, one run each (us, B=1 / 2
-/ 4): T=4 on 2 rows 6.69 / 8.35 / 12.57, on 4 at once 7.36 / 7.09 / -, on 8 - / - / 8.71; T=8
-on 2 rows 13.69 / 11.93 / 21.09, on 4 16.57 / 14.56 / 15.44. Flush apart, B=1, against the
-fused loop (T=4) or ``kda_recoverssm_flush`` then verify (T=8), in one run each: T=4 6.47
-against 6.70, T=8 10.54 against 11.00. At B=2 and beyond it loses (an earlier run, its fold
-waiting for the count: T=4, B=2 / 4 / 8 7.23 / 10.89 / 15.75 against the fused loop's 7.10 /
-8.72 / 15.47)."""
+records) up to ``_FLUSH_TOKEN_LOOP_TOKENS`` (row, head) pairs times the window. Up to a
+window of ``_FLUSH_TOKEN_LOOP_WINDOW`` its tiles are 4 state rows up to
+``_FLUSH_NARROW_PAIRS`` pairs, else 8; past it, 2 rows up to ``_FLUSH_NARROW_PAIRS``, else 4.
+On 4 rows within that window the window's inputs are read at once, otherwise token by token
+(read at once, 2 rows reach 255 registers, 8 rows spill, and 4 rows at T=8 take 5,200
+instructions against 4,760 offline); the pending records are read token by token on every
+tile (read at once on 4 rows, H200, T=4: B=1 0.05 us faster, B=2 0.18 slower). Up to
+``_FLUSH_APART_PAIRS`` pairs (B=1 at H=12) it runs the fold alone
+(``kernels.commit.fold_pending``), then the stock verify's token loop, which consumes the
+counts and writes the flush plan (``flush_apart``): the fused loop is one chain of 2T tokens
+whose loads go out token by token. H200, H=12, one run each (us, B=1 / 2 / 4): T=4 on 2
+rows 6.69 / 8.35 / 12.57, on 4 at once 7.36 / 7.09 / -, on 8 - / - / 8.71; T=8 on 2 rows
+13.69 / 11.93 / 21.09, on 4 16.57 / 14.56 / 15.44. Flush apart, B=1, against the fused loop
+(T=4) or ``kda_recoverssm_flush`` then verify (T=8), in one run each: T=4 6.47 against 6.70,
+T=8 10.54 against 11.00. Under the register budgets (one run, T=8, deferred step, us, B=2 /
+4): flush apart 12.68 / 21.60, the fused loop on 2 rows 12.72 / -, on 4 15.51 / 16.27, the two
+kernels - / 16.84."""
 
 _COMMIT_TOKEN_LOOP_PAIRS = 384
 _COMMIT_TOKEN_LOOP_WORK = 6144
@@ -255,9 +258,9 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     long_window = spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW  # for a flushing verify
     stock_token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
     if flush:
-        token_loop = (pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
-                      and (not long_window or pairs <= _FLUSH_NARROW_PAIRS))
-        token_rows = 2 if compiled and long_window else 4 if pairs <= _FLUSH_NARROW_PAIRS else 8
+        token_loop = pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
+        few_pairs = pairs <= _FLUSH_NARROW_PAIRS
+        token_rows = (2 if few_pairs else 4) if compiled and long_window else 4 if few_pairs else 8
     else:
         token_loop = stock_token_loop
         token_rows = (16 if not compiled else 4 if spec_query_len <= 4
@@ -270,7 +273,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_loop=token_loop,
         token_block_v=min(token_rows, triton.next_power_of_2(head_v_dim)),
         token_block_t=triton.next_power_of_2(spec_query_len),
-        token_window_at_once=not flush or token_rows == 4,
+        token_window_at_once=not flush or (token_rows == 4 and not long_window),
         token_max_registers=(None if flush and token_rows == 8 and pairs <= _FLUSH_WIDE_TILE_PAIRS
                              else _TOKEN_LOOP_REGISTERS),
         block_k=block_k,

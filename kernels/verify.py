@@ -69,7 +69,7 @@ from kernels.dependent_launch import (
     row_counters, row_wait, signal_row_ready,
 )
 from kernels.fold import (
-    fold_recorded_token, fold_recorded_window, fold_state_block, recorded_corrections, store_fold_operand,
+    fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand,
 )
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
 from kernels.flush_plan import planned_flush_count, store_flush_plan
@@ -625,13 +625,9 @@ def _token_loop_kernel(
             keys_dot_queries = tl.sum(keys * queries, axis=1)
         if FLUSH:
             # every pending record of an owned row is read up front, not after the count arrives
-            if WINDOW_AT_ONCE:
-                S = fold_recorded_window(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, pending, owned, offs_t,
-                                         offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, T, HAS_LOWER_BOUND)
-            else:
-                for t in tl.static_range(T):
-                    S = fold_recorded_token(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, t, t < pending, owned,
-                                            offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+            for t in tl.static_range(T):
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, (rec * H + h) * T, t, t < pending, owned,
+                                        offs_k, offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
             S = S.to(state_ptr.dtype.element_ty).to(tl.float32)  # the window runs from the state as stored
             flushed = S
             # Every read of the pending records and count is done: arrive now, read the answers

@@ -57,7 +57,8 @@ CONFIGS = [
 
 COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
 VERIFY_DESIGNS = ["token-loop", "two-kernels", "one-pass"]
-FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "two-kernels", "flush-apart"]
+FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "token-loop-long-window", "two-kernels",
+                    "flush-apart"]
 # the stock round trip pairs every design of each kernel with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
                  ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
@@ -93,22 +94,25 @@ def use_verify_design(monkeypatch, name: str) -> None:
 
 def use_flushing_design(monkeypatch, name: str) -> None:
     """Run every flushing verify through design ``name``, whatever the batch: one token at a
-    time, folding first, on 4-row tiles with the window's inputs read at once or on 8-row
-    tiles token by token (the 2-row tiles of long windows run the same code token by token);
-    the key side (with the fold programs) and the folding state kernel; the flush apart (the
-    fold alone, ``fold_pending``), then the stock verify's token loop, which consumes the
-    counts and writes the plan."""
+    time, folding first, on 4-row tiles with the window's inputs read at once, on 8-row tiles
+    token by token, or as for long windows, on 4-row tiles token by token (compiled; the
+    interpreter takes 8, and the 2-row tiles of the fewest pairs run the same code); the key
+    side (with the fold programs) and the folding state kernel; the flush apart (the fold
+    alone, ``fold_pending``), then the stock verify's token loop, which consumes the counts
+    and writes the plan."""
     token_loop = name.startswith("token-loop")
     at_once = name == "token-loop-at-once"
     apart = name == "flush-apart"
+    long_window = name == "token-loop-long-window"
     monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 1 << 30)
+    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 0 if long_window else 1 << 30)
     monkeypatch.setattr(kernels.launch, "_FLUSH_NARROW_PAIRS", 1 << 30 if at_once else -1)
     monkeypatch.setattr(kernels.launch, "_FLUSH_APART_PAIRS", 1 << 30 if apart else -1)
     flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
     assert flushing.flush_apart == apart
     assert apart or (flushing.token_loop, flushing.one_pass) == (token_loop, False)
     assert apart or flushing.token_window_at_once == at_once
+    assert not long_window or flushing.token_block_v == 4
 
 
 @pytest.fixture(params=COMMIT_DESIGNS)
@@ -127,7 +131,8 @@ def test_verify_design_follows_pair_count():
     """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 (4 state rows a tile) and
     B=4 at T=8 (2 rows up to B=2, then 8), then one kernel up to B=16, two from B=17;
     flushing, at B=1 the flush apart, then the stock verify; one token at a time up to B=8 at
-    T=4 (4 rows at B=2, then 8) and B=2 at T=8 (2 rows), else two kernels."""
+    T=4 (4 rows at B=2, then 8, the window read at once on 4) and B=4 at T=8 (2 rows up to
+    B=2, then 4, token by token), else two kernels."""
     config = kernels.launch.verify_config
     assert config(8, 12, 128, 128, 4).token_loop and config(8, 12, 128, 128, 4).token_block_v == 4
     assert not config(9, 12, 128, 128, 4).token_loop
@@ -143,14 +148,17 @@ def test_verify_design_follows_pair_count():
     assert not config(9, 12, 128, 128, 4, flush=True).token_loop
     assert [config(b, 12, 128, 128, 8, flush=True).flush_apart for b in (1, 2)] == [True, False]
     assert config(2, 12, 128, 128, 8, flush=True).token_loop
-    assert config(2, 12, 128, 128, 8, flush=True).token_block_v == 2
+    assert [config(b, 12, 128, 128, 8, flush=True).token_block_v for b in (2, 3, 4)] == [2, 4, 4]
+    assert not any(config(b, 12, 128, 128, 8, flush=True).token_window_at_once for b in (2, 3, 4))
+    assert config(4, 12, 128, 128, 8, flush=True).token_loop
     assert [config(b, 12, 128, 128, 4, flush=True).flush_apart for b in (1, 2, 8)] == [True, False, False]
     # the interpreter runs programs one after another: the wider tiles there
     assert config(1, 12, 128, 128, 8, compiled=False).token_block_v == 16
     assert config(1, 12, 128, 128, 4, flush=True, compiled=False).token_block_v == 4
     assert config(1, 12, 128, 128, 8, flush=True, compiled=False).flush_apart
-    for flushing in (config(3, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
+    for flushing in (config(5, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
         assert not (flushing.one_pass or flushing.token_loop)
+        assert (flushing.block_v, flushing.num_warps) == (32, 1)  # the folding state kernel's narrow tiles
 
 
 def test_token_loops_take_a_register_budget():
@@ -160,7 +168,7 @@ def test_token_loops_take_a_register_budget():
     assert {verify(b, 12, 128, 128, t).token_max_registers for b in (1, 2, 8) for t in (4, 8)} == {168}
     assert [verify(b, 12, 128, 128, 4, flush=True).token_max_registers for b in (1, 2, 3, 5, 6, 8)] == [
         168, 168, None, None, 168, 168]
-    assert verify(2, 12, 128, 128, 8, flush=True).token_max_registers == 168
+    assert {verify(b, 12, 128, 128, 8, flush=True).token_max_registers for b in (2, 4)} == {168}
     budgets = [commit(b, 12, 128, 128, 4).token_max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
     assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
 
