@@ -112,6 +112,16 @@ B=256 verify 101.8 against 103.9 (faster). Never when flushing (H200, deferred s
 waiting for the whole key side, released at its end, in one run: B=256 195.4 against 190.7
 us at T=8, 183.8 against 177.5 at T=4; B=128 104.5 against 106.1 and 98.8 against 97.2)."""
 
+_STATE_DESCRIPTOR_PAIRS = 1024
+"""(row, head) pairs above which the stock verify's state kernel loads its state blocks through
+a tensor descriptor (``kernels.state_blocks``; TMA on sm_90). H200, verify against pointer
+loads, us, T=8 / T=4, two runs at B=128 and 256: B=256 95.8 / 90.6 and 95.9 / 90.5 against
+99.3 / 93.6 and 99.2 / 93.7; B=128 52.4 / 49.4 and 52.5 / 49.3 against 53.5 / 50.2 and 53.6 /
+50.4; B=64 34.4 / 32.4 against 33.6 / 31.6; B=32 23.1 / 21.5 against 21.5 / 20.4. Not in the
+flushing verify nor the commit's fold, whose one-warp state kernels it made slower (B=256,
+T=8: flush-verify 192.4 against 188.1, commit 126.4 against 123.8; 126.9 with the fold also
+stored through it)."""
+
 _FACTORED_LOG_RANGE = 80.0
 """Largest window log decay ``|G|`` for which ``exp(G)`` and ``exp(-G)`` are both finite in float32."""
 
@@ -139,7 +149,9 @@ class VerifyConfig:
     ``*_max_registers``: a per-thread register cap (``None``: the compiler's choice);
     ``window_release``: where a key-side program lets the state kernel launch under dependent
     launch, ``"start"``, ``"end"`` or ``"exit"``; ``wait_by_row``: under dependent launch, a
-    state program waits for its row's key side only (``kernels.dependent_launch``)."""
+    state program waits for its row's key side only (``kernels.dependent_launch``);
+    ``state_descriptor``: the stock state kernel loads its state blocks through a tensor
+    descriptor (``kernels.state_blocks``), which needs ``block_v`` to divide ``V``."""
 
     flush_apart: bool
     one_pass: bool
@@ -160,6 +172,7 @@ class VerifyConfig:
     state_max_registers: int | None
     window_release: str
     wait_by_row: bool
+    state_descriptor: bool
 
     @property
     def block_m(self) -> int:
@@ -257,6 +270,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     narrow = flush or one_pass
     long_window = spec_query_len > _FLUSH_TOKEN_LOOP_WINDOW  # for a flushing verify
     stock_token_loop = pairs * spec_query_len <= _VERIFY_TOKEN_LOOP_TOKENS
+    block_v = max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim)))
     if flush:
         token_loop = pairs * spec_query_len <= _FLUSH_TOKEN_LOOP_TOKENS
         few_pairs = pairs <= _FLUSH_NARROW_PAIRS
@@ -277,7 +291,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         token_max_registers=(None if flush and token_rows == 8 and pairs <= _FLUSH_WIDE_TILE_PAIRS
                              else _TOKEN_LOOP_REGISTERS),
         block_k=block_k,
-        block_v=max(_DOT_MIN, min(32 if narrow else 64, triton.next_power_of_2(head_v_dim))),
+        block_v=block_v,
         block_t=block_t,
         window_block_k=min(32, block_k),
         state_block_k=min(32, block_k),
@@ -293,6 +307,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         state_max_registers=168 if flush else None,
         window_release=_window_release(pairs, flush, wait_by_row),
         wait_by_row=wait_by_row,
+        state_descriptor=not flush and pairs > _STATE_DESCRIPTOR_PAIRS and head_v_dim % block_v == 0,
     )
 
 

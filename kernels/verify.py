@@ -23,7 +23,8 @@ so that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and
 programs run per SM with their state reads overlapping. At small batches each program's
 serial chain sets the time: the key sides issue a block's loads before the previous block's
 stores (which, for all the compiler knows, may alias them), and the state kernel loads its
-other inputs before its state blocks.
+other inputs before its state blocks. At the largest batches the stock state kernel loads
+its state blocks through a tensor descriptor (``kernels.state_blocks``).
 
 For the fewest tokens (``kernels.launch.verify_config``), ``_token_loop_kernel`` runs the
 window as docs section 2 writes it, one token at a time on a whole ``[BV, K]`` state tile
@@ -72,6 +73,7 @@ from kernels.fold import (
     fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand,
 )
 from kernels.launch import DOT_PRECISION, factored_window, verify_config
+from kernels.state_blocks import state_block_descriptor
 from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.triton_math import (
     inverse_norm, record_key_inverse_norms, record_row, recurrence_step, sum_of_squares, tile_column, tile_row,
@@ -383,7 +385,7 @@ def _store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, st
 def _state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
     fold_ptr, decay_ptr, row_ready_ptr, pending_ptr, commit_lens_ptr,
-    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr, state_blocks,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
@@ -393,7 +395,9 @@ def _state_kernel(
     """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
-    then its columns are scaled by ``row_scale``.
+    then its columns are scaled by ``row_scale``. The blocks are loaded through pointers, or
+    through ``state_blocks`` where that is a tensor descriptor of ``[BV, BKK]`` blocks over the
+    state's rows (``kernels.state_blocks``).
 
     The window's other inputs (``_window_inputs``) are loaded before the state blocks, so
     that their latency overlaps the products'. With ``FLUSH``, each state block is first
@@ -446,7 +450,10 @@ def _state_kernel(
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 mask_vk = mask_v & (offs_k < K)[None, :]
-                S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
+                if state_blocks is None:
+                    S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
+                else:
+                    S = state_blocks.load([((slot * H + h) * V + pid_v * BV).to(tl.int32), k0])
                 if FLUSH:
                     # the flush's fold of this block (docs: section 6), stored in place; the
                     # window then runs from the stored (rounded) state, as after a flush
@@ -753,6 +760,7 @@ def _launch(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_st
         v, checkpoint_state, operand, row_scale, mix, records.correction, out, fold, decay, row_ready,
         pending, plan_rows[0],
         query_start_loc, state_indices, record_indices,
+        state_block_descriptor(checkpoint_state, cfg.block_v, cfg.state_block_k, cfg.state_descriptor),
         v.stride(1), out.stride(1), state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.state_block_k, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, FLUSH=flush,

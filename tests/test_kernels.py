@@ -20,6 +20,7 @@ from kernels.buffers import CommitPlan
 from kernels.commit import fold_pending
 import kernels.dependent_launch as dependent_launch_module
 from kernels.dependent_launch import dependent_launch, row_counters
+from kernels.state_blocks import state_block_descriptor
 from tests.kernel_problems import (
     Problem,
     float64_records,
@@ -56,12 +57,13 @@ CONFIGS = [
 
 
 COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
-VERIFY_DESIGNS = ["token-loop", "two-kernels", "one-pass"]
+VERIFY_DESIGNS = ["token-loop", "two-kernels", "two-kernels-descriptor", "one-pass"]
 FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "token-loop-long-window", "two-kernels",
                     "flush-apart"]
 # the stock round trip pairs every design of each kernel with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
-                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
+                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide"),
+                 ("two-kernels-descriptor", "fold-operand-once")]
 
 
 def use_commit_design(monkeypatch, name: str) -> None:
@@ -82,14 +84,16 @@ def use_commit_design(monkeypatch, name: str) -> None:
 
 def use_verify_design(monkeypatch, name: str) -> None:
     """Run every stock verify through design ``name``, whatever the batch: one token at a
-    time; the key side and the state kernel; one kernel that builds the window's operands in
-    every V-tile."""
+    time; the key side and the state kernel, loading state blocks through pointers or through
+    a tensor descriptor; one kernel that builds the window's operands in every V-tile."""
     token_loop = name == "token-loop"
     one_pass = name == "one-pass"
+    descriptor = name == "two-kernels-descriptor"
     monkeypatch.setattr(kernels.launch, "_VERIFY_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
     monkeypatch.setattr(kernels.launch, "_ONE_PASS_PAIRS", 1 << 30 if one_pass else -1)
+    monkeypatch.setattr(kernels.launch, "_STATE_DESCRIPTOR_PAIRS", -1 if descriptor else 1 << 30)
     cfg = kernels.launch.verify_config(1, 1, 128, 128, 1)
-    assert (cfg.token_loop, cfg.one_pass) == (token_loop, one_pass)
+    assert (cfg.token_loop, cfg.one_pass, cfg.state_descriptor) == (token_loop, one_pass, descriptor)
 
 
 def use_flushing_design(monkeypatch, name: str) -> None:
@@ -171,6 +175,20 @@ def test_token_loops_take_a_register_budget():
     assert {verify(b, 12, 128, 128, 8, flush=True).token_max_registers for b in (2, 4)} == {168}
     budgets = [commit(b, 12, 128, 128, 4).token_max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
     assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
+
+
+def test_only_stock_verify_loads_state_through_a_descriptor():
+    """Above 1024 (row, head) pairs the stock verify's state kernel loads its blocks through a
+    tensor descriptor, never the flushing one, and never where its tiles do not divide V; the
+    descriptor covers the state's rows in the tiles asked for (on the CPU too)."""
+    config = kernels.launch.verify_config
+    assert config(86, 12, 128, 128, 8).state_descriptor and not config(85, 12, 128, 128, 8).state_descriptor
+    assert not config(256, 12, 128, 128, 8, flush=True).state_descriptor
+    assert not config(256, 12, 128, 96, 8).state_descriptor  # 64-row tiles
+    state = torch.zeros(3, 2, 64, 32)
+    blocks = state_block_descriptor(state, 64, 32, True)
+    assert list(blocks.shape) == [3 * 2 * 64, 32] and list(blocks.block_shape) == [64, 32]
+    assert state_block_descriptor(state, 64, 32, False) is None
 
 
 def test_only_stock_verify_and_commit_wait_by_row():
