@@ -1,6 +1,6 @@
-"""State blocks through a tensor descriptor: the state kernels' loads by the copy engine.
+"""State blocks through a tensor descriptor: verify's state loads by the copy engine.
 
-A state kernel of many programs reads each ``[BV, BKK]`` block of its slot once. Through a
+Verify's state kernel reads each ``[BV, BKK]`` block of its slot once. Through a
 tensor descriptor (``TensorDescriptor`` over the checkpoint's rows, ``[slots * H * V, K]``)
 Triton issues each block as one bulk copy (TMA on sm_90) into shared memory, pipelined like
 the pointer loads it replaces, with no per-element addresses or masks in the program.
