@@ -34,7 +34,6 @@ to the last reader, with no program waiting on another.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -42,20 +41,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_MIN_MAJOR = 9  # griddepcontrol: sm_90 and later
-
-
-@functools.lru_cache(maxsize=None)
-def _supported(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= _MIN_MAJOR
+from kernels.capability import is_hopper_or_later
 
 
 def dependent_launch(device: torch.device) -> dict[str, bool]:
     """Launch options of a kernel on ``device``: its ``DEPENDENT`` argument and ``launch_pdl``,
     both true on CUDA devices of compute capability 9.0 or later unless
     ``KDA_DEPENDENT_LAUNCH=0``."""
-    enabled = (device.type == "cuda" and os.environ.get("KDA_DEPENDENT_LAUNCH", "1") != "0"
-               and _supported(device.index if device.index is not None else torch.cuda.current_device()))
+    enabled = os.environ.get("KDA_DEPENDENT_LAUNCH", "1") != "0" and is_hopper_or_later(device)
     return {"DEPENDENT": enabled, "launch_pdl": enabled}
 
 

@@ -10,17 +10,10 @@ configuration requires. The Triton interpreter runs descriptors too (CPU tensors
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-_MIN_MAJOR = 9  # tensor memory access: sm_90 and later
-
-
-@functools.lru_cache(maxsize=None)
-def _has_copy_engine(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= _MIN_MAJOR
+from kernels.capability import is_hopper_or_later
 
 
 def state_block_descriptor(state: torch.Tensor, block_v: int, block_k: int, wanted: bool) -> TensorDescriptor | None:
@@ -30,8 +23,6 @@ def state_block_descriptor(state: torch.Tensor, block_v: int, block_k: int, want
     which a descriptor's int32 coordinates cannot reach."""
     if not wanted or state.numel() // state.shape[-1] >= 2**31:
         return None
-    if state.device.type == "cuda":
-        index = state.device.index if state.device.index is not None else torch.cuda.current_device()
-        if not _has_copy_engine(index):
-            return None
+    if state.device.type == "cuda" and not is_hopper_or_later(state.device):
+        return None
     return TensorDescriptor.from_tensor(state.view(-1, state.shape[-1]), [block_v, block_k])

@@ -17,6 +17,7 @@ import kernels.launch
 import kernels.plan
 import kernels.reference as ref
 from kernels.buffers import CommitPlan
+from kernels.capability import is_hopper_or_later
 from kernels.commit import fold_pending
 import kernels.dependent_launch as dependent_launch_module
 from kernels.dependent_launch import dependent_launch, row_counters
@@ -755,6 +756,20 @@ def test_dependent_launch_only_on_cuda(monkeypatch):
     if torch.cuda.is_available():
         monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "0")
         assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": False, "launch_pdl": False}
+
+
+def test_hopper_features_follow_the_device(monkeypatch):
+    """Dependent launch and state blocks through a descriptor: CUDA sm_90 and later only
+    (a descriptor also on the CPU, where the interpreter runs it), whatever the device's index."""
+    assert not is_hopper_or_later(torch.device("cpu"))
+    if torch.cuda.is_available():
+        hopper = torch.cuda.get_device_capability()[0] >= 9
+        indexed = torch.device("cuda", torch.cuda.current_device())
+        assert is_hopper_or_later(torch.device("cuda")) == is_hopper_or_later(indexed) == hopper
+        monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "1")
+        assert dependent_launch(indexed) == {"DEPENDENT": hopper, "launch_pdl": hopper}
+        state = torch.zeros(3, 2, 64, 32, device=indexed)
+        assert (state_block_descriptor(state, 64, 32, True) is not None) == hopper
 
 
 def _decode_steps(batch: int, dependent: bool, capture: bool, monkeypatch, seed: int) -> list[torch.Tensor]:
