@@ -549,7 +549,7 @@ def interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _warm_and_capture(run: Callable[[], None], restore: Callable[[], None]) -> torch.cuda.CUDAGraph:
+def warm_and_capture(run: Callable[[], None], restore: Callable[[], None]) -> torch.cuda.CUDAGraph:
     """Warm up on a side stream (compiles kernels), check that no call synchronises with the
     host, then capture ``run`` in a CUDA graph. Nothing is timed here."""
     side = torch.cuda.Stream()
@@ -582,7 +582,7 @@ def _time_calls(run: Callable[[], None], restore: Callable[[], None], calls: int
     """Per-call seconds of each sample of ``run`` (which makes ``calls`` calls); ``restore``
     runs untimed before every sample. ``mode`` is ``graph`` or ``eager``."""
     if mode == "graph":
-        fn = _warm_and_capture(run, restore).replay
+        fn = warm_and_capture(run, restore).replay
     else:
         fn = run
         restore()
