@@ -803,7 +803,7 @@ def test_dependent_launch_keeps_stream_order(monkeypatch, batch):
     """Kernels launched as dependents (each waits for the one ahead before touching memory, or
     a state kernel's programs for their row's operands) write exactly what plain stream order
     writes, eagerly and in a CUDA graph, and leave every row counter at zero."""
-    if torch.cuda.get_device_capability()[0] < 9:
+    if not is_hopper_or_later(torch.device("cuda")):
         pytest.skip("dependent launch needs compute capability 9.0")
     monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "1")
     assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": True, "launch_pdl": True}
