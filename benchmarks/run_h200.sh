@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run, in one call: kernel tests compiled (`pytest -m gpu`), `kda bench` over the
-# k3-tp8 preset at T=8 and T=4, against plain stream order (no dependent launch) at T=8, and
-# over the sample trace, then a k3-tp8 trace of 64
+# k3-tp8 preset at T=8 (B=2-4 added to the default batches) and T=4, against plain stream
+# order (no dependent launch) at T=8, and over the sample trace, then a k3-tp8 trace of 64
 # requests synthesised and replayed through the Triton kernels and the reference.
 # Runs from a plain checkout (kda need not be installed). Results go to $OUT (default
 # benchmarks/results): at most eight files, the JSON runs and the logs; tables on stdout.
@@ -33,7 +33,8 @@ python3 -m pytest -m gpu -q 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -n 5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-step bench-T8 kda bench --spec-len 8 --save "$OUT/bench-k3-tp8-T8.json" ${BENCH_ARGS:-}
+step bench-T8 kda bench --spec-len 8 --batch 1,2,3,4,8,32,64,128,256 --save "$OUT/bench-k3-tp8-T8.json" \
+    ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-T4 kda bench --spec-len 4 --save "$OUT/bench-k3-tp8-T4.json" ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
