@@ -1,0 +1,17 @@
+"""A flushing verify's key side and state kernel compile at the compiler's register choice,
+with no per-thread cap."""
+
+import dataclasses
+
+from kernels import verify
+
+from benchmarks.variants.overrides import attributes, wrap_api
+
+_shipped = verify.verify_config
+
+
+def _uncapped(*args, **kwargs):
+    return dataclasses.replace(_shipped(*args, **kwargs), window_max_registers=None, state_max_registers=None)
+
+
+wrap_api(globals(), lambda: attributes(**{"verify:verify_config": (verify, _uncapped)}))

@@ -1,0 +1,47 @@
+"""Build an implementation module that runs the shipped kernels with some launch choices
+overridden, for side-by-side timing: ``kda bench --impl triton,benchmarks/variants/NAME.py``.
+
+``wrap_api(namespace, patch)`` fills ``namespace`` (a variant file's globals) with the kernel
+API, each function running inside ``patch()``, a context manager that sets and restores the
+overridden names. Import it with the repository root on ``sys.path`` (``PYTHONPATH=.``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import kernels
+
+API = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
+       "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
+BUFFERS = ("CommitPlan", "KDARecoverSSMRecords", "NULL_BLOCK_ID", "allocate_records")
+
+
+@contextlib.contextmanager
+def attributes(**targets):
+    """Set ``module.name`` for each ``(module, name) -> value`` given as
+    ``{"module:name": (module, value)}``; restore them on exit."""
+    saved = {key: getattr(module, key.split(":")[1]) for key, (module, _) in targets.items()}
+    for key, (module, value) in targets.items():
+        setattr(module, key.split(":")[1], value)
+    try:
+        yield
+    finally:
+        for key, (module, _) in targets.items():
+            setattr(module, key.split(":")[1], saved[key])
+
+
+def wrap_api(namespace: dict, patch) -> None:
+    """Put the kernel API into ``namespace``, every function called under ``patch()``."""
+    def under_patch(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with patch():
+                return fn(*args, **kwargs)
+        return call
+
+    for name in API:
+        namespace[name] = under_patch(getattr(kernels, name))
+    for name in BUFFERS:
+        namespace[name] = getattr(kernels, name)
