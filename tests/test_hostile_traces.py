@@ -1,0 +1,253 @@
+"""Hostile traces: files built to push an index past a buffer, or to break the reader.
+
+Each is refused with exit 2 and one ``Error:`` line before any kernel call (a spy
+implementation in front of the reference records every call), and no control character
+from the file reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import kernels.reference as ref
+from tests.decode_loop import decode_loop
+from tests.trace_helpers import load_raw, make_trace, run_kda
+from traces.io import CHECKSUM_KEY, file_metadata
+from traces.record import record_trace
+
+INT32_MAX = 2**31 - 1
+calls: list[str] = []
+
+
+def _spy() -> types.ModuleType:
+    """The reference, noting every op it is asked to run."""
+    spy = types.ModuleType("kda_hostile_spy")
+    for name in ("KDARecoverSSMRecords", "CommitPlan", "allocate_records", "NULL_BLOCK_ID"):
+        setattr(spy, name, getattr(ref, name))
+    for op in ("verify", "plan", "defer", "commit", "flush"):
+        def noted(*args, _op=op, **kwargs):
+            calls.append(_op)
+            return getattr(ref, f"kda_recoverssm_{_op}")(*args, **kwargs)
+        setattr(spy, f"kda_recoverssm_{op}", noted)
+    return spy
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    return make_trace(tmp_path_factory.mktemp("hostile") / "mixed.safetensors")
+
+
+@pytest.fixture(scope="module")
+def align(tmp_path_factory) -> Path:
+    """A recorded align-mode decode loop: plan events with a block table."""
+    path = tmp_path_factory.mktemp("hostile") / "align.safetensors"
+    with record_trace(path, "reference") as api:
+        decode_loop(api, "align", steps=2)
+    return path
+
+
+def write_raw(path: Path, manifest: dict | str, tensors: dict[str, torch.Tensor]) -> Path:
+    """A file with valid checksums over whatever manifest (dict or JSON text) and tensors it is given."""
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(path), metadata=file_metadata(text, tensors))
+    return path
+
+
+def refused(args: list[str], capsys, monkeypatch) -> str:
+    """Run ``kda ARGS`` through the spy; assert exit 2, one ``Error:`` line, no call. Returns the line."""
+    monkeypatch.setitem(sys.modules, "kda_hostile_spy", _spy())
+    calls.clear()
+    if args[0] == "replay":
+        args = [*args, "--impl", "kda_hostile_spy", "--no-progress"]
+    code, out, err = run_kda(args, capsys, monkeypatch)
+    lines = err.splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    assert "Traceback" not in out + err
+    assert not calls, calls
+    return lines[0]
+
+
+def _plan_event(m: dict) -> int:
+    return next(i for i, e in enumerate(m["events"]) if e["op"] == "plan" and "block_table" in e["inputs"])
+
+
+# -- align mode: every column the plan computes stays inside the block table ---------------
+
+@pytest.mark.parametrize("computed,block_size,planted", [
+    (INT32_MAX, 4, None), (INT32_MAX - 2, 4, None), (INT32_MAX - 3, 4, 5), (2**30, 2**30, None),
+])
+def test_num_computed_near_int32_max_is_refused(align, tmp_path, capsys, monkeypatch, computed, block_size,
+                                                planted):
+    m, t = load_raw(align)
+    i = _plan_event(m)
+    e = m["events"][i]
+    e["attrs"]["block_size"] = block_size
+    t[e["inputs"]["num_computed"]] = torch.full_like(t[e["inputs"]["num_computed"]], computed)
+    if planted is not None:
+        t[e["inputs"]["block_table"]] = torch.full_like(t[e["inputs"]["block_table"]], planted)
+    line = refused(["replay", str(write_raw(tmp_path / "t.safetensors", m, t))], capsys, monkeypatch)
+    assert f"event {i} (plan)" in line and ("num_computed" in line or "block_size" in line), line
+
+
+def test_block_table_of_width_zero_is_refused(align, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(align)
+    e = m["events"][_plan_event(m)]
+    t[e["inputs"]["block_table"]] = t[e["inputs"]["block_table"]][:, :0]
+    line = refused(["replay", str(write_raw(tmp_path / "t.safetensors", m, t))], capsys, monkeypatch)
+    assert "block_table" in line and "width 0" in line, line
+
+
+def test_empty_block_table_in_process_is_a_value_error():
+    from kernels import CommitPlan, kda_recoverssm_plan
+
+    one = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="block_table"):
+        kda_recoverssm_plan(CommitPlan.allocate(1, "cpu"), one, torch.tensor([0, 1], dtype=torch.int32), one, 4,
+                            torch.zeros(1, 0, dtype=torch.int32), one, 4)
+
+
+def test_plan_columns_do_not_overflow_at_int32_max():
+    """The kernel's column arithmetic is 64-bit: ``num_computed`` at the top of int32 gives
+    the reference's plan, not a read before the table."""
+    from kernels import CommitPlan, kda_recoverssm_plan
+
+    B, T, width = 3, 4, 2
+    accepted = torch.tensor([4, 1, 3], dtype=torch.int32)
+    qsl = torch.tensor([0, 4, 8, 12], dtype=torch.int32)
+    slots = torch.tensor([1, 2, 3], dtype=torch.int32)
+    table = torch.tensor([[1, 4], [2, 5], [3, 6]], dtype=torch.int32)
+    computed = torch.tensor([INT32_MAX, INT32_MAX - 1, INT32_MAX - 4], dtype=torch.int32)
+    got = kda_recoverssm_plan(CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed, 4)
+    want = ref.kda_recoverssm_plan(ref.CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed, 4)
+    for field in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert got.final_state_indices.tolist() == [4, 5, 6]
+
+
+# -- buffers: one tensor a role, record rows bounded -------------------------------------
+
+def test_one_tensor_for_two_roles_is_refused(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    gone = m["initial"]["plan.boundary_recovery_lens"]
+    m["initial"]["plan.boundary_recovery_lens"] = m["initial"]["plan.final_state_indices"]
+    del t[gone]
+    line = refused(["replay", str(write_raw(tmp_path / "t.safetensors", m, t))], capsys, monkeypatch)
+    assert m["initial"]["plan.final_state_indices"] in line and "two roles" in line, line
+
+
+def test_commit_without_record_indices_needs_a_record_row_per_row(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    P = m["buffers"]["plan_rows"] = m["buffers"]["num_record_rows"] + 1
+    for section in ("initial", "final"):
+        for role, name in m[section].items():
+            if role.startswith("plan."):
+                t[name] = torch.cat([t[name], t[name].new_zeros(P - t[name].shape[0])])
+    i = next(i for i, e in enumerate(m["events"]) if e["op"] == "commit")
+    e = m["events"][i]
+    del t[e["inputs"].pop("record_indices")]
+    t[e["inputs"]["state_indices"]] = torch.full((P,), -1, dtype=torch.int32)
+    line = refused(["replay", str(write_raw(tmp_path / "t.safetensors", m, t))], capsys, monkeypatch)
+    assert f"event {i} (commit)" in line and "record rows" in line, line
+
+
+# -- the container and its JSON ----------------------------------------------------------
+
+def _nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def test_deeply_nested_manifest_and_checksums_are_refused(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    text = json.dumps(m)[:-1] + ', "provenance": ' + _nested(100_000) + "}"
+    line = refused(["info", str(write_raw(tmp_path / "m.safetensors", text, t))], capsys, monkeypatch)
+    assert "nested" in line, line
+    meta = file_metadata(json.dumps(m), t)
+    meta[CHECKSUM_KEY] = _nested(100_000)
+    save_file(t, str(tmp_path / "c.safetensors"), metadata=meta)
+    assert "checksums" in refused(["info", str(tmp_path / "c.safetensors")], capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda m: m.__setitem__("version", True), "version"),
+    (lambda m: m.__setitem__("null_id", False), "null_id"),
+    (lambda m: m.__setitem__("lower_bound", float("nan")), "NaN"),
+    (lambda m: m.__setitem__("lower_bound", float("-inf")), "-Infinity"),
+    (lambda m: m.__setitem__("lower_bound", "1e999"), "lower_bound"),
+])
+def test_strict_json_in_the_manifest(mixed, tmp_path, capsys, monkeypatch, edit, fragment):
+    m, t = load_raw(mixed)
+    edit(m)
+    text = json.dumps(m).replace('"1e999"', "1e999")
+    line = refused(["replay", str(write_raw(tmp_path / "t.safetensors", text, t))], capsys, monkeypatch)
+    assert fragment in line, line
+
+
+def test_duplicate_key_in_the_manifest_is_refused(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    text = json.dumps(m)[:-1] + ', "version": 1}'
+    line = refused(["info", str(write_raw(tmp_path / "t.safetensors", text, t))], capsys, monkeypatch)
+    assert "duplicate key 'version'" in line, line
+
+
+def test_duplicate_tensor_in_the_header_is_refused(mixed, tmp_path, capsys, monkeypatch):
+    data = mixed.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8: 8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    entries = [json.dumps(k) + ":" + json.dumps(v) for k, v in header.items()]
+    entries.insert(0, json.dumps(name) + ":" + json.dumps(header[name]))
+    text = ("{" + ",".join(entries) + "}").encode()
+    text += b" " * (-len(text) % 8)
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n:])
+    line = refused(["replay", str(path)], capsys, monkeypatch)
+    assert "duplicate" in line and name in line, line
+
+
+def test_tensor_the_manifest_does_not_name_is_refused(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    t["stowaway"] = torch.zeros(3)
+    line = refused(["info", str(write_raw(tmp_path / "t.safetensors", m, t))], capsys, monkeypatch)
+    assert "'stowaway'" in line and "not named by the manifest" in line, line
+
+
+# -- what reaches the terminal -----------------------------------------------------------
+
+def test_control_characters_in_a_tensor_name_are_escaped(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    e = m["events"][0]
+    old = e["inputs"]["state_indices"]
+    new = e["inputs"]["state_indices"] = "slots\nline two\x1b[2J\r"
+    t[new] = t.pop(old).clone()
+    t[new][0] = m["buffers"]["num_slots"]
+    line = refused(["replay", str(write_raw(tmp_path / "t.safetensors", m, t))], capsys, monkeypatch)
+    assert "slots\\nline two" in line and "\\x1b[2J\\r" in line and "\x1b" not in line, line
+
+
+def test_control_characters_in_a_file_name_are_escaped(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "bad\nname\x1b[31m.safetensors"
+    path.write_bytes(b"")
+    line = refused(["replay", str(path)], capsys, monkeypatch)
+    assert "bad\\nname\\x1b[31m" in line, line
+
+
+def test_info_escapes_control_characters_in_provenance(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    m["provenance"]["note"] = "\x1b]0;owned\x07\x1b[31mred\x9b\nsecond line"
+    m["provenance"]["gpu\x1b[1m"] = {"name\r": "\x1b[0m"}
+    path = write_raw(tmp_path / "t.safetensors", m, t)
+    code, out, err = run_kda(["info", str(path)], capsys, monkeypatch)
+    assert code == 0, err
+    for bad in ("\x1b", "\x07", "\x9b", "\r"):
+        assert bad not in out, repr(out)
+    assert "\\x1b]0;owned\\x07\\x1b[31mred\\x9b\\nsecond line" in out
+    assert len(out.splitlines()) == 4 + len(m["provenance"]), out
