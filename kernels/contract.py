@@ -159,8 +159,12 @@ def check_same_device(named: list[tuple[str, torch.Tensor]]) -> None:
 def check_plan(plan, batch: int) -> None:
     _require(isinstance(plan, CommitPlan), "plan", "expected a CommitPlan")
     _require(plan.max_batch >= batch, "plan", f"holds {plan.max_batch} rows, the batch has {batch}")
-    for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
+    names = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")
+    for name in names:
         _check_index(f"plan.{name}", getattr(plan, name), None, allow_strided=False)
+    starts = {getattr(plan, name).data_ptr() for name in names if getattr(plan, name).numel()}
+    _require(len(starts) == sum(1 for name in names if getattr(plan, name).numel()), "plan",
+             "its four tensors must not share memory")
 
 
 def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, plan, record_indices) -> tuple[int, int, int, int]:
@@ -205,6 +209,7 @@ def check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_que
                  and block_table.dim() == 2 and block_table.shape[0] == batch
                  and block_table.stride(1) == 1, "block_table",
                  f"expected int32 [{batch}, width] with contiguous columns")
+        _require(block_table.shape[1] >= 1, "block_table", "has width 0; align mode needs at least one column")
         _check_index("num_computed", num_computed, batch, allow_strided=False)
         _require(isinstance(block_size, int) and block_size >= spec_query_len, "block_size",
                  f"expected an int >= spec_query_len ({spec_query_len}), got {block_size!r}")

@@ -42,8 +42,8 @@ def _commit_plan_kernel(
     n = tl.minimum(tl.minimum(tl.maximum(accepted, 0), tl.maximum(query_len, 0)), SPEC_QUERY_LEN)
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
     valid = (slot > null_block_id) & (n > 0)
-    if ALIGN:
-        computed = tl.load(num_computed_ptr + rows, mask=in_batch, other=0)
+    if ALIGN:  # 64-bit column arithmetic: num_computed + T may pass the top of int32
+        computed = tl.load(num_computed_ptr + rows, mask=in_batch, other=0).to(tl.int64)
         c_end = computed + n
         final_col = tl.minimum(tl.maximum(c_end - 1, 0) // block_size, block_table_width - 1)
         table_row = block_table_ptr + rows.to(tl.int64) * stride_block_table
@@ -52,7 +52,7 @@ def _commit_plan_kernel(
         boundary_col = next_boundary // block_size - 1
         has_boundary = valid & (c_end >= next_boundary) & (boundary_col < block_table_width)
         boundary = tl.load(table_row + boundary_col, mask=in_batch & has_boundary, other=null_block_id)
-        recovery = tl.where(has_boundary, next_boundary - computed, 0)
+        recovery = tl.where(has_boundary, next_boundary - computed, 0).to(tl.int32)
     else:
         final = slot
         boundary = tl.full((BLOCK,), null_block_id, tl.int32)
