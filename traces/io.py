@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from traces.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError
+from traces.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError, strict_json
 from traces.validate import DictSource, TensorMeta, validate_trace
 
 _SAFETENSORS_DTYPES = {
@@ -35,6 +35,8 @@ _SAFETENSORS_DTYPES = {
 }
 
 
+HEADER_LIMIT = 100_000_000
+"""Largest safetensors header read, in bytes (the limit the safetensors library sets itself)."""
 CHECKSUM_KEY = "checksums"
 """Metadata entry: ``{"manifest": crc, "tensors": {name: crc}}`` as JSON, CRC-32 in hex."""
 
@@ -115,6 +117,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{p}: not a file")
     if p.stat().st_size == 0:
         raise TraceError(f"{p}: empty file")
+    read_header(p)
     try:
         handle = safe_open(str(p), framework="pt")
         metadata = handle.metadata() or {}
@@ -127,20 +130,37 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{p}: unknown metadata entry {unknown[0]!r}; the file is damaged or not a kda trace")
     checksums = _checksums(p, metadata, set(handle.keys()))
     manifest = Manifest.from_json(metadata[METADATA_KEY])
+    unnamed = sorted(set(handle.keys()) - {name for _, name in manifest.named_tensors()})
+    if unnamed:
+        raise TraceError(f"tensor {unnamed[0]!r}: in the file but not named by the manifest")
     trace = Trace(p, manifest, handle, checksums)
     validate_trace(manifest, trace)
     return trace
+
+
+def read_header(path: Path) -> dict:
+    """The safetensors header of ``path`` as strict JSON (no key twice, bounded nesting), so
+    that a tensor listed twice is refused rather than the last entry silently winning."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        size = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < size <= min(HEADER_LIMIT, path.stat().st_size - 8):
+            raise TraceError(f"{path}: not a readable safetensors file (header length {size})")
+        header = strict_json(f.read(size), f"{path}: safetensors header")
+    if not isinstance(header, dict):
+        raise TraceError(f"{path}: not a readable safetensors file (the header is not a JSON object)")
+    return header
 
 
 def _checksums(p: Path, metadata: dict[str, str], names: set[str]) -> dict[str, str] | None:
     """The per-tensor checksums, once the manifest's own has been checked; None when absent."""
     if CHECKSUM_KEY not in metadata:
         return None
+    sums = strict_json(metadata[CHECKSUM_KEY], f"{p}: '{CHECKSUM_KEY}' metadata entry")
     try:
-        sums = json.loads(metadata[CHECKSUM_KEY])
         manifest_sum, tensor_sums = sums["manifest"], sums["tensors"]
         ok = isinstance(manifest_sum, str) and isinstance(tensor_sums, dict) and set(tensor_sums) == names
-    except (ValueError, TypeError, KeyError):
+    except (TypeError, KeyError):
         ok = False
     if not ok:
         raise TraceError(f"{p}: malformed '{CHECKSUM_KEY}' metadata entry; the file is damaged")
@@ -155,10 +175,7 @@ def write_trace(path: str | os.PathLike, manifest: Manifest, tensors: Mapping[st
     Tensors may live on any device and share storage; they are copied to contiguous CPU
     tensors first. Tensors the manifest does not name are refused.
     """
-    named = set(manifest.params.values()) | set(manifest.initial.values()) | set(manifest.final.values())
-    for event in manifest.events:
-        named |= set(event.inputs.values()) | set(event.expected.values())
-    extra = sorted(set(tensors) - named)
+    extra = sorted(set(tensors) - {name for _, name in manifest.named_tensors()})
     if extra:
         raise TraceError(f"tensor '{extra[0]}': not named by the manifest")
     validate_trace(manifest, DictSource(tensors))

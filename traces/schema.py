@@ -9,8 +9,9 @@ its buffer sizes, and ``Ttot B M W`` are bound per event by the first tensor tha
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 FORMAT_NAME = "kda-trace"
 FORMAT_VERSION = 1
@@ -26,8 +27,57 @@ ACTIVATION_DTYPES = FLOAT_DTYPES
 STATE_DTYPES = ("float32", "bfloat16", "float64")
 
 
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of objects and lists a trace's JSON may hold (the manifest is 4 deep;
+free-form provenance gets room): deeper text is refused before it can exhaust the stack."""
+
+
 class TraceError(Exception):
     """A trace that breaks the format; the message names the event and the tensor."""
+
+
+def strict_json(text: str | bytes, what: str) -> Any:
+    """Parse ``text`` as strict JSON: no NaN or Infinity (literal or overflowing), no key twice
+    in one object, at most ``MAX_JSON_DEPTH`` levels. Raises ``TraceError`` naming ``what``."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            _expect(key not in out, f"{what}: duplicate key {key!r}")
+            out[key] = value
+        return out
+
+    def finite(literal: str) -> float:
+        value = float(literal)
+        _expect(math.isfinite(value), f"{what}: number {literal} is out of range")
+        return value
+
+    def constant(literal: str) -> None:
+        raise TraceError(f"{what}: {literal} is not JSON")
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs, parse_float=finite, parse_constant=constant)
+    except RecursionError:
+        raise TraceError(f"{what}: nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError as exc:  # bad syntax or encoding, or an integer of more digits than Python converts
+        raise TraceError(f"{what}: not valid JSON ({exc})") from None
+    _expect(_depth(data) <= MAX_JSON_DEPTH, f"{what}: nested more than {MAX_JSON_DEPTH} levels deep")
+    return data
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _is_int(value: Any) -> bool:
+    """A JSON integer: ``true`` and ``false`` are not numbers."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -199,14 +249,11 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         """Parse and check the manifest's structure (not the tensors); raise ``TraceError``."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"manifest: not valid JSON ({exc})") from None
+        data = strict_json(text, "manifest")
         _expect(isinstance(data, dict), "manifest: expected a JSON object")
         fmt, version = data.get("format"), data.get("version")
         _expect(fmt == FORMAT_NAME, f"manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
-        _expect(version == FORMAT_VERSION,
+        _expect(_is_int(version) and version == FORMAT_VERSION,
                 f"manifest: format version {version!r} is not supported (this kda reads version {FORMAT_VERSION})")
         dims = _section(data, "dims")
         dtypes = _section(data, "dtypes")
@@ -217,10 +264,10 @@ class Manifest:
         _expect(act in ACTIVATION_DTYPES, f"manifest: dtypes.activation {act!r} is not one of {ACTIVATION_DTYPES}")
         _expect(state in STATE_DTYPES, f"manifest: dtypes.state {state!r} is not one of {STATE_DTYPES}")
         lower_bound = data.get("lower_bound")
-        _expect(lower_bound is None or (isinstance(lower_bound, (int, float)) and not isinstance(lower_bound, bool)),
-                f"manifest: lower_bound must be a number or null, got {lower_bound!r}")
+        finite = isinstance(lower_bound, float) or (_is_int(lower_bound) and abs(lower_bound) < 2**53)
+        _expect(lower_bound is None or finite, f"manifest: lower_bound must be a finite number or null, got {lower_bound!r}")
         null_id = data.get("null_id")
-        _expect(null_id == NULL_ID, f"manifest: null_id {null_id!r} is not supported (version 1 uses {NULL_ID})")
+        _expect(_is_int(null_id) and null_id == NULL_ID, f"manifest: null_id {null_id!r} is not supported (version 1 uses {NULL_ID})")
         sizes = BufferSizes(*(_positive_int(buffers, key, "buffers")
                               for key in ("num_slots", "num_record_rows", "plan_rows")))
         params = _names(data, "params", PARAMS, all_required=True)
@@ -233,8 +280,31 @@ class Manifest:
         events = [_event(i, e) for i, e in enumerate(raw_events)]
         provenance = data.get("provenance", {})
         _expect(isinstance(provenance, dict), "manifest: provenance must be an object")
-        return cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, params, initial,
-                   final, events, provenance, null_id)
+        manifest = cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, params, initial,
+                       final, events, provenance, null_id)
+        check_one_role_per_tensor(manifest)
+        return manifest
+
+    def named_tensors(self) -> Iterator[tuple[str, str]]:
+        """``(where, tensor name)`` for every tensor the manifest names, ``where`` being
+        ``params.A_log``, ``initial.pending``, ``event 3 inputs.state_indices`` and so on."""
+        for section in ("params", "initial", "final"):
+            for role, name in getattr(self, section).items():
+                yield f"{section}.{role}", name
+        for i, event in enumerate(self.events):
+            for section in ("inputs", "expected"):
+                for role, name in getattr(event, section).items():
+                    yield f"event {i} ({event.op}) {section}.{role}", name
+
+
+def check_one_role_per_tensor(manifest: Manifest) -> None:
+    """Every role gets a tensor of its own: a name used twice would make two buffers (or a
+    buffer and an input) share memory at run time. Raises ``TraceError``."""
+    seen: dict[str, str] = {}
+    for where, name in manifest.named_tensors():
+        _expect(name not in seen, f"manifest: tensor {name!r} is named for two roles ({seen.get(name)} and {where}); "
+                                  "every role needs a tensor of its own")
+        seen[name] = where
 
 
 def _expect(cond: bool, message: str) -> None:
@@ -250,7 +320,7 @@ def _section(data: dict, key: str) -> dict:
 
 def _positive_int(section: dict, key: str, where: str) -> int:
     value = section.get(key)
-    _expect(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+    _expect(_is_int(value) and value >= 1,
             f"manifest: {where}.{key} must be a positive integer, got {value!r}")
     return value
 

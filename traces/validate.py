@@ -14,7 +14,7 @@ from typing import Mapping, Protocol
 import torch
 
 from traces.schema import (
-    BUFFERS, EXPECTED, INPUTS, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError,
+    BUFFERS, EXPECTED, INPUTS, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError, check_one_role_per_tensor,
 )
 
 DTYPE_NAMES = {
@@ -25,6 +25,7 @@ DTYPE_NAMES = {
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 """The manifest's dtype names -> torch dtypes."""
 FLAG_DTYPES = ("bool", "int8", "uint8", "int32")
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class _Checker:
                       "N": s.num_slots, "R": s.num_record_rows, "P": s.plan_rows}
 
     def run(self) -> None:
+        check_one_role_per_tensor(self.m)
         for role, name in self.m.params.items():
             self.check("params", role, name, PARAMS[role], {})
         for section in ("initial", "final"):
@@ -98,20 +100,36 @@ class _Checker:
         batch = bound.get("B", 0)
         if event.op != "verify" and batch > self.m.sizes.plan_rows:
             raise TraceError(f"{where}: batch of {batch} rows exceeds the plan's {self.m.sizes.plan_rows} rows")
-        if event.op == "verify" and "record_indices" not in event.inputs and batch > self.m.sizes.num_record_rows:
+        own_rows = event.op in ("verify", "commit") and "record_indices" not in event.inputs
+        if own_rows and batch > self.m.sizes.num_record_rows:
             raise TraceError(f"{where}: without record_indices, {batch} rows need {batch} record rows, "
                              f"the trace has {self.m.sizes.num_record_rows}")
         if event.op == "plan":
-            self.check_align(where, event)
+            self.check_align(where, event, bound)
 
-    def check_align(self, where: str, event: Event) -> None:
+    def check_align(self, where: str, event: Event, bound: dict[str, int]) -> None:
+        """Align mode: the plan reads block-table columns it derives from ``num_computed``
+        and ``block_size``; they stay in range when the table has a column and
+        ``num_computed + block_size`` fits in int32 (so do ``num_computed + T`` and the next
+        block boundary)."""
         align = ("block_table" in event.inputs, "num_computed" in event.inputs, "block_size" in event.attrs)
         if any(align) and not all(align):
             raise TraceError(f"{where}: align mode needs block_table, num_computed and attrs.block_size together")
-        if all(align):
-            bs = event.attrs["block_size"]
-            if not isinstance(bs, int) or isinstance(bs, bool) or bs < self.m.dims.T:
-                raise TraceError(f"{where}: attrs.block_size must be an int >= T = {self.m.dims.T}, got {bs!r}")
+        if not all(align):
+            return
+        bs = event.attrs["block_size"]
+        if not isinstance(bs, int) or isinstance(bs, bool) or not self.m.dims.T <= bs <= INT32_MAX:
+            raise TraceError(f"{where}: attrs.block_size must be an int in [T = {self.m.dims.T}, {INT32_MAX}], "
+                             f"got {bs!r}")
+        if bound.get("W") == 0:
+            raise TraceError(f"{where}: tensor '{event.inputs['block_table']}' (block_table) has width 0; "
+                             "align mode needs at least one column")
+        name = event.inputs["num_computed"]
+        computed = self.source.load(name).to(torch.int64).reshape(-1)
+        if computed.numel() and int(computed.max()) > INT32_MAX - bs:
+            at = int(computed.argmax())
+            raise TraceError(f"{where}: tensor '{name}' (num_computed): {int(computed[at])} at position {at} is out "
+                             f"of range (must be in [0, {INT32_MAX - bs}]: num_computed + block_size must fit in int32)")
 
     def check(self, where: str, role: str, name: str, spec: Role, bound: dict[str, int]) -> None:
         label = f"{where}: tensor '{name}' ({role})"
