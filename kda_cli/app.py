@@ -11,7 +11,7 @@ import traceback
 
 import typer
 
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, make_console
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, make_console, printable
 
 app = typer.Typer(
     name="kda",
@@ -38,7 +38,7 @@ def _register() -> None:
 def _print_error(message: str) -> None:
     from rich.markup import escape
 
-    make_console(stderr=True).print(f"[bold red]Error:[/] {escape(message)}", markup=True)
+    make_console(stderr=True).print(f"[bold red]Error:[/] {escape(printable(message))}", markup=True)
 
 
 def _usage_error(exc: Exception) -> str:

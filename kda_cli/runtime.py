@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import unicodedata
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -25,6 +26,14 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int = EXIT_BAD_INPUT):
         super().__init__(message)
         self.code = code
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character escaped as Python writes it
+    (``\\n``, ``\\x1b``, ``\\u202e``), so that names and free text from a file print
+    as one inert line."""
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch).startswith("C") else ch
+                   for ch in text)
 
 
 def cuda_available() -> bool:

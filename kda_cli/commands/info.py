@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import bad_input, check_format, make_console
+from kda_cli.runtime import bad_input, check_format, make_console, printable
 
 
 def trace_summary(trace) -> dict:
@@ -65,4 +65,4 @@ def info(
         shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
         lines.append(f"{key}: {shown}")
     for line in lines:
-        console.print(escape(line))
+        console.print(escape(printable(line)))
