@@ -26,7 +26,6 @@ trace file, a process-wide recorder closed at exit (options: ``KDA_RECORD_IMPL``
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shlex
 import shutil
@@ -39,35 +38,19 @@ from types import ModuleType
 from typing import Any, Iterator
 
 import torch
-from safetensors import safe_open
 
-from traces.io import TraceBuilder, save_atomic
-from traces.schema import NULL_ID, OPS, PLAN_FIELDS, BufferSizes, Dims, Manifest, TraceError
-from traces.validate import TORCH_DTYPES, dtype_name
+from traces.schema import NULL_ID, OPS, PLAN_FIELDS
+from traces.shards import MergeResult, RecordError, merge_shards, save_shard
+from traces.validate import dtype_name
 
-SHARD_KEY = "kda-shard"
 SNAPSHOTS = ("touched", "all")
 ENV_PATH = "KDA_RECORD"
-
-
-class RecordError(Exception):
-    """Recording cannot start, or its shards cannot be merged; the message says why."""
 
 
 def shards_dir(path: str | os.PathLike) -> Path:
     """Where the shards of trace ``path`` are spilled: ``<path>.shards``."""
     p = Path(path)
     return p.with_name(p.name + ".shards")
-
-
-@dataclass
-class MergeResult:
-    path: Path
-    events: int
-    incomplete: int | None
-    """Index of an event whose call never returned (kept without expected results), or None."""
-    dropped: int
-    """Trailing shards that could not be merged (damaged, or an incomplete call that fails validation)."""
 
 
 class Recorder:
@@ -273,7 +256,7 @@ class Recorder:
             self.stopped = "max_bytes"
             return _Event(index, op, None, undo)
         meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
-        self.bytes += _save(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
+        self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
         self.events += 1
         if self.max_events is not None and self.events >= self.max_events:
             self.stopped = "max_events"
@@ -295,7 +278,7 @@ class Recorder:
         if event.tensors is None:
             return
         tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
-        self.bytes += _save(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
+        self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
 
     def _bind(self, name: str, tensor: torch.Tensor) -> None:
         self._bound.setdefault(name, tensor)
@@ -446,107 +429,6 @@ def written_slots(plan, state_indices, record_rows) -> torch.Tensor:
 
 def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)]}
-
-
-def _save(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> int:
-    """Write one shard atomically; return its size in bytes."""
-    return save_atomic(path, tensors, {SHARD_KEY: json.dumps(meta)})
-
-
-def _load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads((f.metadata() or {})[SHARD_KEY])
-        return meta, {name: f.get_tensor(name) for name in f.keys()}
-
-
-# -- merging ----------------------------------------------------------------------------
-
-def merge_shards(shards: str | os.PathLike, out: str | os.PathLike,
-                 extra_provenance: dict[str, Any] | None = None) -> MergeResult:
-    """Merge the shards in ``shards`` into the trace ``out`` (written atomically).
-
-    Events are taken in order up to the first missing or unreadable shard; an event whose
-    call never returned (inputs, no results) is kept without expected results when it is
-    the last and the trace still validates. Raises ``RecordError`` when no trace can be made.
-    """
-    folder = Path(shards)
-    if not folder.is_dir():
-        raise RecordError(f"{folder}: no such shards folder")
-    names = sorted(p.name for p in folder.glob("*.in.safetensors"))
-    events: list[tuple[dict, dict, dict | None]] = []
-    for i, name in enumerate(names):
-        if name != f"{i:06d}.in.safetensors":
-            break
-        try:
-            meta, tensors = _load(folder / name)
-            out_path = folder / f"{i:06d}.out.safetensors"
-            expected = _load(out_path)[1] if out_path.exists() else None
-        except Exception:  # a damaged shard ends the usable run of events
-            break
-        events.append((meta, tensors, expected))
-        if expected is None:
-            break
-    dropped = len(names) - len(events)
-    if not events:
-        raise RecordError(f"{folder}: no readable shard")
-    incomplete = len(events) - 1 if events[-1][2] is None else None
-    try:
-        builder = _assemble(events, extra_provenance)
-        builder.write(out)
-    except TraceError as exc:
-        if incomplete is None:
-            raise RecordError(f"{folder}: the shards do not make a valid trace: {exc}") from None
-        events.pop()
-        incomplete, dropped = None, dropped + 1
-        try:
-            _assemble(events, extra_provenance).write(out)
-        except TraceError as exc2:
-            raise RecordError(f"{folder}: the shards do not make a valid trace: {exc2}") from None
-    return MergeResult(Path(out), len(events), incomplete, dropped)
-
-
-def _assemble(events: list[tuple[dict, dict, dict | None]], extra: dict[str, Any] | None) -> TraceBuilder:
-    if not events:
-        raise TraceError("no event to merge")
-    ctx = events[-1][0]["context"]
-    if "dims" not in ctx:
-        raise TraceError("no verify, commit or flush was recorded, so the state pool is unknown")
-    d = Dims(**ctx["dims"])
-    state, act = TORCH_DTYPES[ctx["state_dtype"]], TORCH_DTYPES[ctx["activation_dtype"]]
-    N, R, P = ctx["num_slots"], ctx["num_record_rows"], ctx.get("plan_rows", ctx["max_batch"])
-    initial = {
-        "checkpoint_state": torch.zeros(N, d.H, d.V, d.K, dtype=state),
-        "records.correction": torch.zeros(R, d.H, d.T, d.V, dtype=torch.float32),
-        "records.key_gate": torch.zeros(R, d.H, d.T, 2 * d.K, dtype=act),
-        "pending": torch.zeros(R, dtype=torch.int32),
-        **{f"plan.{f}": torch.zeros(P, dtype=torch.int32) for f in PLAN_FIELDS},
-    }
-    params: dict[str, torch.Tensor] = {}
-    for _, tensors, _ in events:
-        for name, t in tensors.items():
-            role = name.removeprefix("snap.")
-            if role in initial and role != "records.correction" and role != "records.key_gate":
-                initial[role] = t
-            elif name in ("snap.A_log", "snap.dt_bias"):
-                params[role] = t
-        if "snap.slots" in tensors:
-            initial["checkpoint_state"][tensors["snap.slots"]] = tensors["snap.states"]
-        if "snap.rows" in tensors:
-            for role in ("records.correction", "records.key_gate"):
-                initial[role][tensors["snap.rows"]] = tensors[f"snap.{role}"]
-    if set(params) != {"A_log", "dt_bias"}:
-        raise TraceError("the parameters A_log and dt_bias were never seen")
-    provenance = {**ctx["provenance"], **(extra or {})}
-    manifest = Manifest(d, ctx["activation_dtype"], ctx["state_dtype"], ctx["lower_bound"], BufferSizes(N, R, P),
-                        {}, {}, provenance=provenance)
-    builder = TraceBuilder(manifest)
-    builder.set_params(params["A_log"], params["dt_bias"])
-    builder.set_buffers("initial", initial)
-    for meta, tensors, expected in events:
-        inputs = {n.removeprefix("in."): t for n, t in tensors.items() if n.startswith("in.")}
-        results = {n.removeprefix("expected."): t for n, t in (expected or {}).items()}
-        builder.add_event(meta["op"], inputs, results, meta["attrs"])
-    return builder
 
 
 def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=None) -> None:

@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, check_format
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, check_format, printable
 
 record_app = typer.Typer(help="Record kernel calls into a trace; merge shards after a crash.", no_args_is_help=True)
 app.add_typer(record_app, name="record")
@@ -20,13 +20,13 @@ app.add_typer(record_app, name="record")
 
 def _print(result, format: str, note: str = "", **extra) -> None:
     summary = {"path": str(result.path), "events": result.events, "incomplete_event": result.incomplete,
-               "dropped_shards": result.dropped, **extra}
+               "dropped_shards": result.dropped, "dropped_because": result.reason, **extra}
     if format == "json":
         print(json.dumps(summary))
         return
     extra = f"; event {result.incomplete} never returned (inputs only)" if result.incomplete is not None else ""
-    dropped = f"; {result.dropped} shards left out" if result.dropped else ""
-    print(f"wrote {result.path}: {result.events} events{extra}{dropped}{note}")
+    dropped = f"; {result.dropped} shards left out ({result.reason})" if result.dropped else ""
+    print(printable(f"wrote {result.path}: {result.events} events{extra}{dropped}{note}"))
 
 
 @record_app.command("merge")
