@@ -22,6 +22,8 @@ from tests.decode_loop import decode_loop
 from tests.trace_helpers import load_raw, make_trace, run_kda
 from traces.io import CHECKSUM_KEY, file_metadata
 from traces.record import record_trace
+from traces.schema import BUFFERS, INPUTS, PARAMS, BufferSizes, Dims, Event, Manifest, TraceError
+from traces.validate import TensorMeta, validate_trace
 
 INT32_MAX = 2**31 - 1
 calls: list[str] = []
@@ -251,3 +253,33 @@ def test_info_escapes_control_characters_in_provenance(mixed, tmp_path, capsys, 
         assert bad not in out, repr(out)
     assert "\\x1b]0;owned\\x07\\x1b[31mred\\x9b\\nsecond line" in out
     assert len(out.splitlines()) == 4 + len(m["provenance"]), out
+
+
+def test_token_offsets_beyond_int32_are_refused():
+    """A verify whose activation tensors pass 2**31 elements would overflow the kernels'
+    int32 token offsets: refused from the header's shapes alone."""
+
+    H, K, V, T = 16, 128, 128, 4
+    B = 2**20 // T + 1
+    sizes = {"N": 2, "R": 1, "P": 1, "H": H, "K": K, "V": V, "T": T, "2K": 2 * K, "HK": H * K, "Ttot": B * T,
+             "B": B, "B+1": B + 1}
+    dtypes = {"act": "bfloat16", "state": "float32"}
+    metas: dict[str, TensorMeta] = {}
+    small = {"qsl": torch.arange(0, B * T + 1, T, dtype=torch.int32), "rows": torch.full((B,), -1, dtype=torch.int32)}
+    loads: dict[str, torch.Tensor] = {}
+
+    def name(section: str, role: str, spec) -> str:
+        n = f"{section}.{role}"
+        metas[n] = TensorMeta(tuple(s if isinstance(s, int) else sizes[s] for s in spec.shape),
+                              dtypes.get(spec.dtype, spec.dtype))
+        if spec.dtype == "int32":
+            loads[n] = small["qsl"] if role == "query_start_loc" else \
+                small["rows"] if spec.shape == ("B",) else torch.zeros(metas[n].shape, dtype=torch.int32)
+        return n
+    m = Manifest(Dims(H, K, V, T), "bfloat16", "float32", None, BufferSizes(2, 1, 1),
+                 {r: name("params", r, s) for r, s in PARAMS.items()},
+                 {r: name("initial", r, s) for r, s in BUFFERS.items()},
+                 events=[Event("verify", {r: name("in", r, s) for r, s in INPUTS["verify"].items()})])
+    source = types.SimpleNamespace(meta=metas.get, load=loads.__getitem__)
+    with pytest.raises(TraceError, match="event 0 \\(verify\\): 1048580 tokens"):
+        validate_trace(m, source)

@@ -265,9 +265,11 @@ class Manifest:
         _expect(state in STATE_DTYPES, f"manifest: dtypes.state {state!r} is not one of {STATE_DTYPES}")
         lower_bound = data.get("lower_bound")
         finite = isinstance(lower_bound, float) or (_is_int(lower_bound) and abs(lower_bound) < 2**53)
-        _expect(lower_bound is None or finite, f"manifest: lower_bound must be a finite number or null, got {lower_bound!r}")
+        _expect(lower_bound is None or finite,
+                f"manifest: lower_bound must be a finite number or null, got {lower_bound!r}")
         null_id = data.get("null_id")
-        _expect(_is_int(null_id) and null_id == NULL_ID, f"manifest: null_id {null_id!r} is not supported (version 1 uses {NULL_ID})")
+        _expect(_is_int(null_id) and null_id == NULL_ID,
+                f"manifest: null_id {null_id!r} is not supported (version 1 uses {NULL_ID})")
         sizes = BufferSizes(*(_positive_int(buffers, key, "buffers")
                               for key in ("num_slots", "num_record_rows", "plan_rows")))
         params = _names(data, "params", PARAMS, all_required=True)

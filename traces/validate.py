@@ -104,6 +104,10 @@ class _Checker:
         if own_rows and batch > self.m.sizes.num_record_rows:
             raise TraceError(f"{where}: without record_indices, {batch} rows need {batch} record rows, "
                              f"the trace has {self.m.sizes.num_record_rows}")
+        lane = bound.get("Ttot", 0) * self.m.dims.H * max(self.m.dims.K, self.m.dims.V)
+        if lane > INT32_MAX:  # the kernels offset tokens in int32
+            raise TraceError(f"{where}: {bound['Ttot']} tokens of H*max(K, V) = {lane // bound['Ttot']} elements "
+                             f"exceed {INT32_MAX} elements a tensor")
         if event.op == "plan":
             self.check_align(where, event, bound)
 
@@ -128,8 +132,8 @@ class _Checker:
         computed = self.source.load(name).to(torch.int64).reshape(-1)
         if computed.numel() and int(computed.max()) > INT32_MAX - bs:
             at = int(computed.argmax())
-            raise TraceError(f"{where}: tensor '{name}' (num_computed): {int(computed[at])} at position {at} is out "
-                             f"of range (must be in [0, {INT32_MAX - bs}]: num_computed + block_size must fit in int32)")
+            raise TraceError(f"{where}: tensor '{name}' (num_computed): {int(computed[at])} at position {at} is out of "
+                             f"range (must be in [0, {INT32_MAX - bs}]: num_computed + block_size must fit in int32)")
 
     def check(self, where: str, role: str, name: str, spec: Role, bound: dict[str, int]) -> None:
         label = f"{where}: tensor '{name}' ({role})"
