@@ -117,3 +117,14 @@ def test_a_planted_snapshot_slot_is_refused(shards, capsys, monkeypatch):
     _rewrite_last(shards, plant)
     code, out, err = _merge(shards, capsys, monkeypatch)
     assert "snap.slots" in _one_error_line(code, err)
+
+
+def test_a_dtype_letter_flipped_in_the_header_is_damage(shards, capsys, monkeypatch):
+    """``F32`` to ``I32`` keeps every byte of the data: the checksum covers dtype and shape too."""
+    path = shards / "000004.in.safetensors"
+    data = path.read_bytes()
+    assert b'"dtype":"F32"' in data
+    path.write_bytes(data.replace(b'"dtype":"F32"', b'"dtype":"I32"', 1))
+    code, merged, err = _merge(shards, capsys, monkeypatch)
+    assert code == 0, err
+    assert merged["events"] == 4 and merged["dropped_because"].startswith("000004.in.safetensors: checksum mismatch")

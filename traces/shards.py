@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,17 @@ class MergeResult:
     """Why they were left out, naming the first shard concerned; None when none was."""
 
 
+def tensor_sum(t: torch.Tensor) -> str:
+    """CRC-32 (hex) of a shard tensor: its dtype and shape, then its bytes, so that a flipped
+    dtype letter (``F32`` to ``I32``, ``U8`` to ``I8``) is damage too."""
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return f"{zlib.crc32(data, zlib.crc32(f'{t.dtype} {list(t.shape)}'.encode())):08x}"
+
+
 def save_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> int:
     """Write one shard atomically, with its checksums; return its size in bytes."""
     text = json.dumps(meta)
-    sums = {"meta": crc32(text.encode()), "tensors": {name: crc32(t) for name, t in tensors.items()}}
+    sums = {"meta": crc32(text.encode()), "tensors": {name: tensor_sum(t) for name, t in tensors.items()}}
     return save_atomic(path, tensors, {SHARD_KEY: text, CHECKSUM_KEY: json.dumps(sums)})
 
 
@@ -78,7 +86,7 @@ def load_shard(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
             tensors = {}
             for name in f.keys():
                 tensors[name] = f.get_tensor(name)
-                if crc32(tensors[name]) != sums["tensors"][name]:
+                if tensor_sum(tensors[name]) != sums["tensors"][name]:
                     raise ShardDamaged(f"checksum mismatch in tensor {name!r}")
         return strict_json(metadata[SHARD_KEY], SHARD_KEY), tensors
     except ShardDamaged:
