@@ -29,11 +29,11 @@ class CommandError(Exception):
 
 
 def printable(text: str) -> str:
-    """``text`` with every control or format character escaped as Python writes it
-    (``\\n``, ``\\x1b``, ``\\u202e``), so that names and free text from a file print
-    as one inert line."""
-    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch).startswith("C") else ch
-                   for ch in text)
+    """``text`` with every control, format or line-separator character escaped as Python
+    writes it (``\\n``, ``\\x1b``, ``\\u202e``, ``\\u2028``), so that names and free
+    text from a file print as one inert line."""
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch)[0] == "C"
+                   or unicodedata.category(ch) in ("Zl", "Zp") else ch for ch in text)
 
 
 def cuda_available() -> bool:

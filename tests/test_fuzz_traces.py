@@ -5,6 +5,12 @@ Every case must end in exit 2 with exactly one ``Error:`` line on stderr, no tra
 the input file byte-identical afterwards, no output left behind, and no kernel call with
 an index outside its buffer (a spy implementation checks every call), all within a few
 seconds. Byte flips inside tensor data are caught by the trace's checksums.
+
+Generated families then draw hostile cases from a seed each: align-mode plans whose
+columns would leave the block table or int32, one tensor for two roles, non-JSON numbers,
+duplicate keys (in the manifest and in the safetensors header), deep nesting, control
+characters in tensor names, unnamed tensors; recording shards with a flipped byte; and
+align-mode plans at the top of the documented range, kernel against reference.
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import signal
 import struct
 import sys
 import types
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -277,3 +285,196 @@ def test_malformed_traces_fail_cleanly(valid_trace, tmp_path, capsys, monkeypatc
         signal.signal(signal.SIGALRM, previous)
     assert not failures, f"{len(failures)} cases:\n" + "\n".join(failures[:20])
     assert not violations, violations[:5]
+
+
+# -- generated families: hostile traces and shards; each case is drawn from its family and
+# seed, both in the test's id, so a failure names what reproduces it --------------------
+
+INT32_MAX = 2**31 - 1
+HOSTILE = "\n\r\x1b[2J\x1b]0;t\x07\x9b\u202e\u2028\x00\x7f"
+"""Characters a name or provenance must never carry to the terminal."""
+
+
+@pytest.fixture(scope="module")
+def align_trace(tmp_path_factory) -> Path:
+    from tests.decode_loop import decode_loop
+    from traces.record import record_trace
+
+    path = tmp_path_factory.mktemp("fuzz") / "align.safetensors"
+    with record_trace(path, "reference") as api:
+        decode_loop(api, "align", steps=2)
+    return path
+
+
+def _align_bounds(rng: random.Random, m: dict, t: dict) -> None:
+    """A plan whose block-table columns leave the table or int32: width 0, a block size out
+    of range, or a num_computed past INT32_MAX - block_size (table planted with real slots)."""
+    e = rng.choice([e for e in m["events"] if "block_table" in e["inputs"]])
+    table, computed = e["inputs"]["block_table"], e["inputs"]["num_computed"]
+    kind = rng.randrange(3)
+    if kind == 0:
+        t[table] = t[table][:, :0].clone()
+        return
+    T = m["dims"]["T"]
+    if kind == 1:  # a block size in range, a num_computed past it
+        bs = rng.choice([T, rng.randint(T, 2**31 - 1)])
+        low = INT32_MAX - bs + 1
+    else:  # a block size out of range, any num_computed
+        bs, low = rng.choice([2**31, 2**32 + 4, rng.randint(-4, T - 1)]), 0
+    e["attrs"]["block_size"] = bs
+    planted = torch.Generator().manual_seed(rng.randrange(2**31))
+    t[table] = torch.randint(-1, m["buffers"]["num_slots"], t[table].shape, generator=planted, dtype=torch.int32)
+    x = t[computed].clone()
+    x[rng.randrange(x.numel())] = rng.randint(low, INT32_MAX)
+    t[computed] = x
+
+
+def _aliased(rng: random.Random, m: dict, t: dict) -> None:
+    """Two roles named for one tensor (the orphan dropped from the file)."""
+    slots = [(m[s], r) for s in ("params", "initial", "final") for r in m[s]]
+    slots += [(e[s], r) for e in m["events"] for s in ("inputs", "expected") for r in e[s]]
+    (a, ra), (b, rb) = rng.sample(slots, 2)
+    t.pop(b[rb], None)
+    b[rb] = a[ra]
+
+
+def _non_json_number(rng: random.Random, m: dict, t: dict) -> str:
+    """A number of the manifest replaced by NaN, +-Infinity, an overflowing float or a boolean."""
+    section, key = rng.choice([(m, "version"), (m, "null_id"), (m, "lower_bound"),
+                               *((m["dims"], k) for k in m["dims"]), *((m["buffers"], k) for k in m["buffers"])])
+    section[key] = "@@"
+    return json.dumps(m).replace('"@@"', rng.choice(["NaN", "Infinity", "-Infinity", "1e999", "-2e400", "true",
+                                                     "false"]))
+
+
+def _duplicate_key(rng: random.Random, m: dict, t: dict) -> str:
+    """One key of a random object of the manifest written twice."""
+    objects, stack = [], [m]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            objects += [x] if x else []
+            stack += x.values()
+        elif isinstance(x, list):
+            stack += x
+    obj = rng.choice(objects)
+    key = rng.choice(list(obj))
+    obj["@@dup"] = obj[key]
+    return json.dumps(m).replace('"@@dup"', json.dumps(key))
+
+
+def _deep(rng: random.Random, m: dict, t: dict) -> str:
+    depth = rng.choice([33, 40, 1000, 100_000])
+    opener, closer = rng.choice([("[", "]"), ('{"a": ', "}")])
+    m["provenance"]["note"] = "@@"
+    return json.dumps(m).replace('"@@"', opener * depth + "0" + closer * depth)
+
+
+def _control_name(rng: random.Random, m: dict, t: dict) -> None:
+    """A tensor renamed with control characters, and stored in a wrong dtype, so the error names it."""
+    e = rng.choice(m["events"])
+    role = rng.choice(list(e["inputs"]))
+    old = e["inputs"][role]
+    new = e["inputs"][role] = "".join(rng.choice(HOSTILE + "ab.") for _ in range(rng.randint(1, 12)))
+    t[new] = t.pop(old).to(torch.float64)
+
+
+def _unnamed(rng: random.Random, m: dict, t: dict) -> None:
+    for _ in range(rng.randint(1, 3)):
+        t["".join(rng.choice(HOSTILE + "xyz") for _ in range(rng.randint(1, 8)))] = torch.zeros(rng.randint(0, 3))
+
+
+def _header_duplicate(rng: random.Random, data: bytes) -> bytes:
+    """A tensor's header entry written twice, at a random place."""
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8: 8 + n])
+    entries = [json.dumps(k) + ":" + json.dumps(v) for k, v in header.items()]
+    name = rng.choice([k for k in header if k != "__metadata__"])
+    entries.insert(rng.randrange(len(entries) + 1), json.dumps(name) + ":" + json.dumps(header[name]))
+    text = ("{" + ",".join(entries) + "}").encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data[8 + n:]
+
+
+FAMILIES = {"align-bounds": _align_bounds, "aliased": _aliased, "non-json-number": _non_json_number,
+            "duplicate-key": _duplicate_key, "deep": _deep, "control-name": _control_name, "unnamed": _unnamed,
+            "header-duplicate": _header_duplicate}
+FAMILY_SEEDS = range(4)
+
+
+@pytest.mark.parametrize("seed", FAMILY_SEEDS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_generated_hostile_traces_are_refused(family, seed, valid_trace, align_trace, tmp_path, capsys,
+                                              monkeypatch):
+    """Each family's cases: exit 2, one inert ``Error:`` line, no kernel call."""
+    rng = random.Random(f"{family}/{seed}")
+    base = align_trace.read_bytes() if family == "align-bounds" else valid_trace
+    path = tmp_path / "trace.safetensors"
+    if family == "header-duplicate":
+        path.write_bytes(_header_duplicate(rng, base))
+    else:
+        path.write_bytes(base)
+        m, t = load_raw(path)
+        text = FAMILIES[family](rng, m, t)
+        save_file({n: x.contiguous() for n, x in t.items()}, str(path),
+                  metadata=file_metadata(text or json.dumps(m), t))
+    monkeypatch.setitem(sys.modules, "kda_fuzz_spy", _spy_module())
+    calls.clear()
+    command = rng.choice([["replay", str(path), "--impl", "kda_fuzz_spy", "--no-progress"], ["info", str(path)]])
+    code, out, err = run_kda(command, capsys, monkeypatch)
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("Error: "), (code, err)
+    assert not any(unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp")
+                   for ch in err[:-1]), repr(err)
+    assert not calls and "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_generated_damaged_shards_merge_up_to_the_damage(seed, tmp_path, capsys, monkeypatch):
+    """A byte flipped anywhere but the header's padding in a random shard: the merge keeps
+    the events before that shard's event and names the shard."""
+    from tests.decode_loop import decode_loop
+    from traces.record import Recorder
+
+    rng = random.Random(f"shards/{seed}")
+    rec = Recorder(tmp_path / "loop.safetensors", "reference")
+    decode_loop(rec, "deferred", steps=2)
+    for _ in range(3):
+        index = rng.randrange(1, rec.events)
+        kind = rng.choice(["in", "out"])
+        shards = tmp_path / f"case-{index}-{kind}"
+        shutil.copytree(rec.shards, shards)
+        path = shards / f"{index:06d}.{kind}.safetensors"
+        data = bytearray(path.read_bytes())
+        padding = _header_padding(bytes(data))
+        data[rng.choice([i for i in range(len(data)) if i not in padding])] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+        code, out, err = run_kda(["record", "merge", str(shards), str(tmp_path / "merged.safetensors"), "--format",
+                                  "json"], capsys, monkeypatch)
+        assert code == 0, err
+        merged = json.loads(out)
+        assert merged["events"] == index and merged["dropped_because"].startswith(path.name), merged
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_generated_align_plans_at_the_top_of_int32_match_the_reference(seed):
+    """Align-mode plans anywhere in the documented range (num_computed up to INT32_MAX -
+    block_size): the kernel's columns are the reference's."""
+    from kernels import CommitPlan, kda_recoverssm_plan
+
+    g = torch.Generator().manual_seed(seed)
+    B, T, N = 64, 4, 9
+    width = int(torch.randint(1, 6, (1,), generator=g))
+    block_size = [T, 16, 2**20, 2**30][seed % 4]
+    accepted = torch.randint(-1, T + 2, (B,), generator=g, dtype=torch.int32)
+    qsl = torch.cat([torch.zeros(1), torch.randint(0, T + 1, (B,), generator=g).cumsum(0)]).to(torch.int32)
+    slots = torch.randint(-1, N, (B,), generator=g, dtype=torch.int32)
+    table = torch.randint(-1, N, (B, width), generator=g, dtype=torch.int32)
+    top = INT32_MAX - block_size
+    computed = torch.where(torch.rand(B, generator=g) < 0.5, top - torch.randint(0, 3 * block_size, (B,), generator=g),
+                           torch.randint(0, width * block_size, (B,), generator=g)).clamp(0, top).to(torch.int32)
+    got = kda_recoverssm_plan(CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed, block_size)
+    want = ref.kda_recoverssm_plan(ref.CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed,
+                                   block_size)
+    for field in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
