@@ -283,3 +283,15 @@ def test_token_offsets_beyond_int32_are_refused():
     source = types.SimpleNamespace(meta=metas.get, load=loads.__getitem__)
     with pytest.raises(TraceError, match="event 0 \\(verify\\): 1048580 tokens"):
         validate_trace(m, source)
+
+
+def test_replay_escapes_a_tensor_name_in_its_mismatch_report(mixed, tmp_path, capsys, monkeypatch):
+    m, t = load_raw(mixed)
+    e = m["events"][0]
+    old = e["expected"]["out"]
+    new = e["expected"]["out"] = "out\x1b]0;owned\x07\n"
+    t[new] = t.pop(old) + 1
+    path = write_raw(tmp_path / "t.safetensors", m, t)
+    code, out, err = run_kda(["replay", str(path), "--impl", "reference", "--no-progress"], capsys, monkeypatch)
+    assert code == 1, err
+    assert "out\\x1b]0;owned\\x07\\n" in out and "\x1b" not in out and "\x07" not in out, repr(out)

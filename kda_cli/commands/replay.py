@@ -15,7 +15,8 @@ import typer
 
 from kda_cli.app import app
 from kda_cli.runtime import (
-    EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console, select_device,
+    EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console, printable,
+    select_device,
 )
 
 SAMPLE = "k3-tp8-sample.safetensors"
@@ -162,7 +163,7 @@ def _render(report, manifest) -> None:
     console = make_console(pipe_width=PIPE_WIDTH)
     d = manifest.dims
     a, b = report.event_range
-    console.print(f"trace {escape(report.trace)}")
+    console.print(f"trace {escape(printable(report.trace))}")
     console.print(f"impl {report.impl} on {report.device}"
                   f"{' (Triton interpreter)' if report.device == 'cpu' and report.impl == 'triton' else ''}; "
                   f"H={d.H} K={d.K} V={d.V} T={d.T}, {manifest.activation_dtype} activations, "
@@ -208,7 +209,7 @@ def _render(report, manifest) -> None:
 
     failing = [c for c in report.comparisons if not c.passed]
     for c in failing[:MAX_DETAILED]:
-        console.print(f"[red]mismatch[/] {escape(c.tensor)}: {c.mismatches} of {c.compared} elements "
+        console.print(f"[red]mismatch[/] {escape(printable(c.tensor))}: {c.mismatches} of {c.compared} elements "
                       f"(atol={c.tolerance.atol:g} rtol={c.tolerance.rtol:g})")
         for label, bad in (("first", c.first_bad), ("worst", c.worst_bad)):
             console.print(f"  {label}: {escape(_where(bad))}: actual {bad.actual:.6g}, expected {bad.expected:.6g}")
