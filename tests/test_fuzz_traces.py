@@ -375,7 +375,7 @@ def _control_name(rng: random.Random, m: dict, t: dict) -> None:
     e = rng.choice(m["events"])
     role = rng.choice(list(e["inputs"]))
     old = e["inputs"][role]
-    new = e["inputs"][role] = "".join(rng.choice(HOSTILE + "ab.") for _ in range(rng.randint(1, 12)))
+    new = e["inputs"][role] = "".join(rng.choice(HOSTILE + "ab.[/]{}%\\'\"") for _ in range(rng.randint(1, 12)))
     t[new] = t.pop(old).to(torch.float64)
 
 
@@ -399,7 +399,7 @@ def _header_duplicate(rng: random.Random, data: bytes) -> bytes:
 FAMILIES = {"align-bounds": _align_bounds, "aliased": _aliased, "non-json-number": _non_json_number,
             "duplicate-key": _duplicate_key, "deep": _deep, "control-name": _control_name, "unnamed": _unnamed,
             "header-duplicate": _header_duplicate}
-FAMILY_SEEDS = range(4)
+FAMILY_SEEDS = range(5)
 
 
 @pytest.mark.parametrize("seed", FAMILY_SEEDS)
