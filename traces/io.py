@@ -10,7 +10,8 @@ Integrity: the writer stores a second metadata entry, ``checksums`` (CRC-32 of t
 text and of every tensor's bytes). The reader refuses any other metadata entry, checks the
 manifest's checksum when it opens the file and each tensor's when it loads it, so a
 damaged byte anywhere is a ``TraceError``. Files without the entry (older writers) are
-read unchecked.
+read unchecked. The reader also parses the safetensors header itself, as strict JSON (a
+tensor listed twice is refused), and refuses tensors the manifest does not name.
 """
 
 from __future__ import annotations

@@ -282,10 +282,8 @@ class Manifest:
         events = [_event(i, e) for i, e in enumerate(raw_events)]
         provenance = data.get("provenance", {})
         _expect(isinstance(provenance, dict), "manifest: provenance must be an object")
-        manifest = cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, params, initial,
-                       final, events, provenance, null_id)
-        check_one_role_per_tensor(manifest)
-        return manifest
+        return cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, params, initial,
+                   final, events, provenance, null_id)
 
     def named_tensors(self) -> Iterator[tuple[str, str]]:
         """``(where, tensor name)`` for every tensor the manifest names, ``where`` being
