@@ -456,8 +456,9 @@ def test_generated_damaged_shards_merge_up_to_the_damage(seed, tmp_path, capsys,
         assert merged["events"] == index and merged["dropped_because"].startswith(path.name), merged
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(3))
-def test_generated_align_plans_at_the_top_of_int32_match_the_reference(seed):
+def test_generated_align_plans_at_the_top_of_int32_match_the_reference(seed, device):
     """Align-mode plans anywhere in the documented range (num_computed up to INT32_MAX -
     block_size): the kernel's columns are the reference's."""
     from kernels import CommitPlan, kda_recoverssm_plan
@@ -473,8 +474,9 @@ def test_generated_align_plans_at_the_top_of_int32_match_the_reference(seed):
     top = INT32_MAX - block_size
     computed = torch.where(torch.rand(B, generator=g) < 0.5, top - torch.randint(0, 3 * block_size, (B,), generator=g),
                            torch.randint(0, width * block_size, (B,), generator=g)).clamp(0, top).to(torch.int32)
-    got = kda_recoverssm_plan(CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed, block_size)
-    want = ref.kda_recoverssm_plan(ref.CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed,
+    accepted, qsl, slots, table, computed = (x.to(device) for x in (accepted, qsl, slots, table, computed))
+    got = kda_recoverssm_plan(CommitPlan.allocate(B, device), accepted, qsl, slots, T, table, computed, block_size)
+    want = ref.kda_recoverssm_plan(ref.CommitPlan.allocate(B, device), accepted, qsl, slots, T, table, computed,
                                    block_size)
     for field in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
         assert torch.equal(getattr(got, field), getattr(want, field)), field

@@ -108,28 +108,31 @@ def test_block_table_of_width_zero_is_refused(align, tmp_path, capsys, monkeypat
     assert "block_table" in line and "width 0" in line, line
 
 
-def test_empty_block_table_in_process_is_a_value_error():
+@pytest.mark.gpu
+def test_empty_block_table_in_process_is_a_value_error(device):
     from kernels import CommitPlan, kda_recoverssm_plan
 
-    one = torch.ones(1, dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="block_table"):
-        kda_recoverssm_plan(CommitPlan.allocate(1, "cpu"), one, torch.tensor([0, 1], dtype=torch.int32), one, 4,
-                            torch.zeros(1, 0, dtype=torch.int32), one, 4)
+        kda_recoverssm_plan(CommitPlan.allocate(1, device), one, torch.tensor([0, 1], dtype=torch.int32, device=device),
+                            one, 4, torch.zeros(1, 0, dtype=torch.int32, device=device), one, 4)
 
 
-def test_plan_columns_do_not_overflow_at_int32_max():
+@pytest.mark.gpu
+def test_plan_columns_do_not_overflow_at_int32_max(device):
     """The kernel's column arithmetic is 64-bit: ``num_computed`` at the top of int32 gives
     the reference's plan, not a read before the table."""
     from kernels import CommitPlan, kda_recoverssm_plan
 
-    B, T, width = 3, 4, 2
-    accepted = torch.tensor([4, 1, 3], dtype=torch.int32)
-    qsl = torch.tensor([0, 4, 8, 12], dtype=torch.int32)
-    slots = torch.tensor([1, 2, 3], dtype=torch.int32)
-    table = torch.tensor([[1, 4], [2, 5], [3, 6]], dtype=torch.int32)
-    computed = torch.tensor([INT32_MAX, INT32_MAX - 1, INT32_MAX - 4], dtype=torch.int32)
-    got = kda_recoverssm_plan(CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed, 4)
-    want = ref.kda_recoverssm_plan(ref.CommitPlan.allocate(B, "cpu"), accepted, qsl, slots, T, table, computed, 4)
+    def ints(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    B, T = 3, 4
+    accepted, qsl, slots = ints([4, 1, 3]), ints([0, 4, 8, 12]), ints([1, 2, 3])
+    table = ints([[1, 4], [2, 5], [3, 6]])
+    computed = ints([INT32_MAX, INT32_MAX - 1, INT32_MAX - 4])
+    got = kda_recoverssm_plan(CommitPlan.allocate(B, device), accepted, qsl, slots, T, table, computed, 4)
+    want = ref.kda_recoverssm_plan(ref.CommitPlan.allocate(B, device), accepted, qsl, slots, T, table, computed, 4)
     for field in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
         assert torch.equal(getattr(got, field), getattr(want, field)), field
     assert got.final_state_indices.tolist() == [4, 5, 6]
