@@ -100,6 +100,24 @@ def test_num_computed_near_int32_max_is_refused(align, tmp_path, capsys, monkeyp
     assert f"event {i} (plan)" in line and ("num_computed" in line or "block_size" in line), line
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["overflow", "width 0"])
+def test_the_triton_kernels_never_see_an_align_trace_validation_refuses(align, tmp_path, capsys, monkeypatch, case):
+    """The same traces through ``--impl triton``: on a GPU, an out-of-bounds plan would be an
+    illegal memory access; here the refusal comes first."""
+    m, t = load_raw(align)
+    e = m["events"][_plan_event(m)]
+    table, computed = e["inputs"]["block_table"], e["inputs"]["num_computed"]
+    if case == "width 0":
+        t[table] = t[table][:, :0]
+    else:
+        e["attrs"]["block_size"] = 4
+        t[computed] = torch.full_like(t[computed], INT32_MAX)
+    path = write_raw(tmp_path / "t.safetensors", m, t)
+    code, out, err = run_kda(["replay", str(path), "--impl", "triton", "--no-progress"], capsys, monkeypatch)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("Error: "), (code, err)
+
+
 def test_block_table_of_width_zero_is_refused(align, tmp_path, capsys, monkeypatch):
     m, t = load_raw(align)
     e = m["events"][_plan_event(m)]
@@ -298,3 +316,19 @@ def test_replay_escapes_a_tensor_name_in_its_mismatch_report(mixed, tmp_path, ca
     code, out, err = run_kda(["replay", str(path), "--impl", "reference", "--no-progress"], capsys, monkeypatch)
     assert code == 1, err
     assert "out\\x1b]0;owned\\x07\\n" in out and "\x1b" not in out and "\x07" not in out, repr(out)
+
+
+@pytest.mark.gpu
+def test_a_plan_whose_tensors_share_memory_is_a_value_error(device):
+    from kernels import CommitPlan, kda_recoverssm_commit, kda_recoverssm_plan
+
+    one = torch.ones(1, dtype=torch.int32, device=device)
+    column = torch.zeros(2, dtype=torch.int32, device=device)
+    shared = CommitPlan(column, column.clone(), column.clone(), column)  # recovery counts over the commit lengths
+    with pytest.raises(ValueError, match="plan: its four tensors must not share memory"):
+        kda_recoverssm_plan(shared, one, torch.tensor([0, 1], dtype=torch.int32, device=device), one, 4)
+    pool = torch.zeros(2, 1, 16, 16, device=device)
+    records = ref.allocate_records(2, 1, 4, 16, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="share memory"):
+        kda_recoverssm_commit(pool, records, torch.zeros(1, device=device), torch.zeros(16, device=device), None, one,
+                              shared)
