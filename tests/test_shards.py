@@ -130,3 +130,14 @@ def test_a_dtype_letter_flipped_in_the_header_is_damage(shards, capsys, monkeypa
     assert code == 0, err
     assert merged["events"] == index
     assert merged["dropped_because"].startswith(f"{index:06d}.in.safetensors: checksum mismatch")
+
+
+@pytest.mark.parametrize("drop", ["snap.states", "snap.rows", "snap.records.key_gate"])
+def test_a_snapshot_without_its_index_or_contents_is_refused(shards, capsys, monkeypatch, drop):
+    index = next(i for i in range(EVENTS) if drop in load_shard(shards / f"{i:06d}.in.safetensors")[1])
+    path = shards / f"{index:06d}.in.safetensors"
+    meta, tensors = load_shard(path)
+    del tensors[drop]
+    save_shard(path, tensors, meta)
+    code, out, err = _merge(shards, capsys, monkeypatch)
+    assert "come together" in _one_error_line(code, err)

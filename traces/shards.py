@@ -212,6 +212,10 @@ def _check_claims(events: list[tuple[dict, dict, dict | None]], d: Dims, sizes: 
                 raise RecordError(f"{i:06d}.in.safetensors: tensor {name!r} holds indices outside [{low}, {high})")
             return t.shape[0]
 
+        for index, contents in (("snap.slots", ("snap.states",)),
+                                ("snap.rows", ("snap.records.correction", "snap.records.key_gate"))):
+            if any((index in tensors) != (name in tensors) for name in contents):
+                raise RecordError(f"{i:06d}.in.safetensors: {index} and {', '.join(contents)} come together")
         shape("snap.A_log", (H,))
         shape("snap.dt_bias", (H * K,))
         shape("snap.pending", (R,))
@@ -222,9 +226,10 @@ def _check_claims(events: list[tuple[dict, dict, dict | None]], d: Dims, sizes: 
         rows = indices("snap.rows", 0, R)
         shape("snap.records.correction", (rows, H, T, V))
         shape("snap.records.key_gate", (rows, H, T, 2 * K))
-        if "in.v" in tensors:
-            shape("in.v", (1, tensors["in.v"].shape[1], H, V))
-        shows_v |= "snap.states" in tensors or "snap.records.correction" in tensors or "in.v" in tensors
+        v = tensors.get("in.v")
+        if v is not None and v.dim() == 4:
+            shape("in.v", (1, v.shape[1], H, V))
+        shows_v |= "snap.states" in tensors or "snap.records.correction" in tensors or (v is not None and v.dim() == 4)
     if not shows_v:
         raise RecordError(f"no shard holds a tensor that shows V = {V}: the claimed state pool is not borne out")
     state_bytes, act_bytes = (torch.empty(0, dtype=x).element_size() for x in (state, act))
