@@ -267,3 +267,11 @@ def test_documented_surface_with_a_wrong_defer_rule_is_named(capsys, monkeypatch
     assert bad[0]["op"] == "defer"
     first = next(t for t in bad[0]["tensors"] if not t["passed"])
     assert first["role"] in ("commit_lens", "pending")
+
+
+def test_the_implementations_doc_shows_the_file_the_tests_load():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = (repo / "docs" / "implementations.md").read_text()
+    assert (repo / "tests" / "documented_surface.py").read_text() in doc
