@@ -105,6 +105,23 @@ def test_bad_record_run_options_are_one_error_line(tmp_path, args, message, capf
     assert lines[0].startswith("Error: ") and message in lines[0]
 
 
+def test_calls_during_a_capture_are_forwarded_whole_and_counted(tmp_path, capsys, monkeypatch):
+    """With the stream capturing (forced here; the GPU test below captures for real) nothing is
+    recorded, fused calls reach the implementation fused, and one stderr line says why."""
+    import traces.record as record
+    from tests.decode_loop import decode_loop
+
+    monkeypatch.setattr(record, "capturing", lambda: True)
+    path = tmp_path / "captured.safetensors"
+    with record_trace(path, "reference") as api:
+        decode_loop(api, "deferred", steps=3, fused=True)
+        skipped = dict(api.skipped)
+    assert skipped == {"captured": 3 * 3 + 1}  # flush_verify, plan_deferred, commit a step; the last flush
+    assert not path.exists()
+    assert capsys.readouterr().err.count(CAPTURED_NOTE) == 1
+
+
+@pytest.mark.gpu
 @pytest.mark.gpu_only
 def test_a_captured_step_runs_as_without_the_recorder_and_eager_steps_are_recorded(tmp_path, capfd, monkeypatch):
     """verify, plan, commit captured in a CUDA graph under the recorder: the capture succeeds,
