@@ -94,18 +94,18 @@ class PatchRecorder(Recorder):
     def call_function(self, name: str, originals: SimpleNamespace, args: tuple, kwargs: dict):
         """A patched function's call: recorded through ``originals`` (the module's own)."""
         original = getattr(originals, name)
-        if self._depth or capturing():
-            if not self._depth:
-                self.skip("captured")
+        if self._depth:
             return original(*args, **kwargs)
-        if self._flush is not None and name != "kda_recoverssm_commit":
-            self._flush = None
-            self.skip("flush_plan_without_commit")
+        if capturing():
+            self.skip("captured")
+            return original(*args, **kwargs)
         bound = dict(_SIGNATURES[name].bind(self, *args, **kwargs).arguments)
         del bound["self"]
         if not self.on_layer(checkpoint_state=bound.get("checkpoint_state"), pending=bound.get("pending")):
             self.skip("other_layer")
             return original(*args, **kwargs)
+        if name != "kda_recoverssm_commit":
+            self._drop_flush()
         self._depth += 1
         saved, self.impl = self.impl, originals
         try:
@@ -118,9 +118,10 @@ class PatchRecorder(Recorder):
 
     def launch_kernel(self, name: str, launch, grid, args: tuple, kwargs: dict):
         """A patched raw kernel's ``kernel[grid](*args, **kwargs)``: run, and recorded."""
-        if self._depth or capturing() or not (isinstance(grid, tuple) and len(grid) == 1):
-            if capturing():
-                self.skip("captured")
+        if self._depth or not (isinstance(grid, (tuple, list)) and len(grid) == 1):
+            return launch(*args, **kwargs)
+        if capturing():
+            self.skip("captured")
             return launch(*args, **kwargs)
         p = {**dict(zip(RAW_KERNELS[name], args)), **kwargs}
         B = int(grid[0])
@@ -130,6 +131,7 @@ class PatchRecorder(Recorder):
         if not self.on_layer(pending=pending):
             self.skip("other_layer")
             return launch(*args, **kwargs)
+        self._drop_flush()
         self._depth += 1
         try:
             if name == "_defer_commit_kernel":
@@ -137,6 +139,12 @@ class PatchRecorder(Recorder):
             return self._start_flush(launch, args, kwargs, B, state_indices, p)
         finally:
             self._depth -= 1
+
+    def _drop_flush(self) -> None:
+        """A flush plan whose commit never came: not an event (counted)."""
+        if self._flush is not None:
+            self._flush = None
+            self.skip("flush_plan_without_commit")
 
     # -- the raw kernels' events --------------------------------------------------------
 
@@ -192,7 +200,6 @@ class PatchRecorder(Recorder):
         run = functools.partial(commit, pool, records, a["A_log"], a["dt_bias"], a["lower_bound"],
                                 a["state_indices"], plan, record_indices=rows)
         if not self._wants("flush", bind, a["lower_bound"], None):
-            self.skip("flush_plan_without_commit")
             return run()
         consumed = pending.clone()
         pending.copy_(flush["before"])  # the event's snapshot sees the counts the flush consumed
