@@ -3,7 +3,10 @@ The deferred step's plan and deferral also run as one launch (``kda_recoverssm_p
 
 Each step is a small integer kernel, ``_PLAN_BLOCK`` rows a program, writing into a
 ``CommitPlan`` allocated once; none allocates or synchronises, so a whole decode step can
-be captured in a CUDA graph.
+be captured in a CUDA graph. The documented raw kernels ``_defer_commit_kernel`` and
+``_prepare_flush_plan_kernel`` (one program per batch row, launched by engines themselves)
+share their row logic with the blocked kernels the wrappers launch (``defer_batch_rows``,
+``plan_flush_rows``).
 """
 
 from __future__ import annotations
@@ -84,40 +87,82 @@ def defer_rows(rows, in_batch, slot, commit_lens, record_rows_ptr, pending_ptr, 
     return deferred
 
 
-@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
 @triton.jit
-def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
-                         batch, null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr, BLOCK: tl.constexpr,
-                         DEPENDENT: tl.constexpr):
-    """``BLOCK`` rows a program: hand each non-eager row's commit length to ``pending``."""
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = rows < batch
+def defer_batch_rows(rows, in_batch, state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+                     null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr):
+    """Defer the planned commit lengths of batch rows ``rows`` (a scalar or a vector, where
+    ``in_batch``) in place: ``defer_rows``, then zero the rows that moved."""
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
     lens = tl.load(commit_lens_ptr + rows, mask=in_batch, other=0)
     deferred = defer_rows(rows, in_batch, slot, lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
                           HAS_EAGER)
-    tl.store(commit_lens_ptr + rows, tl.zeros((BLOCK,), tl.int32), mask=deferred)
+    tl.store(commit_lens_ptr + rows, lens * 0, mask=deferred)
+
+
+@triton.jit
+def plan_flush_rows(rows, in_batch, state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
+                    final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
+                    stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
+    """Plan batch rows ``rows`` (a scalar or a vector, where ``in_batch``) to fold their
+    pending counts in place, and consume those counts (docs: section 7)."""
+    slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
+    row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
+    live = in_batch & (slot > null_block_id) & (row >= 0)
+    count = tl.load(pending_ptr + row, mask=live, other=0)
+    tl.store(pending_ptr + row, count * 0, mask=live)
+    store_flush_plan(rows, in_batch, slot, count, commit_lens_ptr, final_state_indices_ptr,
+                     boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN)
+
+
+@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
+@triton.jit
+def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+                         null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr):
+    """The documented defer kernel: grid ``(B,)``, one program per batch row. ``state_indices``
+    int32 with row stride ``stride_state_indices``; ``commit_lens``, ``record_rows`` int32 [B];
+    ``pending`` int32 [R]; ``eager`` bool/int [B] or None."""
+    b = tl.program_id(0)
+    defer_batch_rows(b, b >= 0, state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+                     null_block_id, stride_state_indices, HAS_EAGER)
+
+
+@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
+@triton.jit
+def _defer_commit_blocked_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+                                 batch, null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr,
+                                 BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
+    """``_defer_commit_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    defer_batch_rows(rows, rows < batch, state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+                     null_block_id, stride_state_indices, HAS_EAGER)
 
 
 @triton.jit
 def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                                final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-                               batch, null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr,
-                               BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    """``BLOCK`` rows a program: plan an in-place fold of each row's pending count, and consume it."""
+                               null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
+    """The documented flush plan kernel: grid ``(B,)``, one program per batch row; writes the
+    four int32 [B] plan columns and zeroes each consumed ``pending`` count (int32 [R])."""
+    b = tl.program_id(0)
+    plan_flush_rows(b, b >= 0, state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
+                    final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
+                    stride_state_indices, SPEC_QUERY_LEN)
+
+
+@triton.jit
+def _prepare_flush_plan_blocked_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
+                                       final_state_indices_ptr, boundary_state_indices_ptr,
+                                       boundary_recovery_lens_ptr, batch, null_block_id, stride_state_indices,
+                                       SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
+    """``_prepare_flush_plan_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = rows < batch
-    slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
-    row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
-    live = (slot > null_block_id) & (row >= 0)
-    count = tl.load(pending_ptr + row, mask=live, other=0)
-    tl.store(pending_ptr + row, tl.zeros((BLOCK,), tl.int32), mask=live)
-    store_flush_plan(rows, in_batch, slot, count, commit_lens_ptr, final_state_indices_ptr,
-                     boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN)
+    plan_flush_rows(rows, rows < batch, state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
+                    final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
+                    stride_state_indices, SPEC_QUERY_LEN)
 
 
 def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
@@ -171,7 +216,7 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
     B = check_pending_args(state_indices, record_rows, pending, plan, eager)
     if B == 0:
         return
-    _defer_commit_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
+    _defer_commit_blocked_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         state_indices, plan.commit_lens, record_rows, pending, eager, B, NULL_BLOCK_ID, state_indices.stride(0),
         BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),
     )
@@ -182,7 +227,7 @@ def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, s
     B = check_pending_args(state_indices, record_rows, pending, plan)
     if B == 0:
         return
-    _prepare_flush_plan_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
+    _prepare_flush_plan_blocked_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
         plan.boundary_state_indices, plan.boundary_recovery_lens, B, NULL_BLOCK_ID, state_indices.stride(0),
         SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),

@@ -127,6 +127,23 @@ def test_interpreter_smoke_cli_json_and_save_round_trip(tmp_path):
     assert bench.load_run(str(tmp_path / "again.json")).to_dict() == loaded.to_dict()
 
 
+def test_a_documented_surface_module_benches_and_the_run_says_what_ran_where(device):
+    """The documented surface as an implementation: defer and flush run (plan, commit through
+    kda's kernels), and the run records and prints which op ran through which implementation."""
+    surface = "tests/documented_surface.py"
+    config = bench.BenchConfig(preset="tiny", batches=(2,), impls=("triton", surface), ops=("defer", "flush"),
+                               smoke=True)
+    run = bench.run_bench(config, device)
+    assert [(r.impl, r.name, r.error) for r in run.rows] == [
+        ("triton", "defer", None), ("triton", "flush", None), (surface, "defer", None), (surface, "flush", None)]
+    routes = run.workload["routes"]
+    assert routes["triton"] == {op: "triton" for op in ("verify", "plan", "defer", "commit", "flush")}
+    assert routes[surface]["defer"] == f"{surface} (_defer_commit_kernel)" and routes[surface]["plan"] == "triton"
+    result = kda("bench", "--interpreter-smoke", "--batch", "1", "--ops", "defer", "--impl", surface)
+    assert result.returncode == 0, result.stderr
+    assert f"{surface}: ops through verify={surface} (kda_recoverssm_verify); plan=triton;" in result.stdout
+
+
 def _synthetic(path: Path, medians: dict) -> str:
     rows = [bench.Row("triton", name, batch, 8, "graph", 3, 0 if us is None else 50, us, us, us, 1000, 8)
             for (name, batch), us in medians.items()]

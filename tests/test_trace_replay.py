@@ -235,3 +235,43 @@ def test_bf16_ulp_distance():
     assert int(bf16_ulp_distance(tiny, -tiny)) == 2
     c = compare(next_up, one, DEFAULT_TOLERANCES["bfloat16"], tensor="o", role="out")
     assert c.passed and c.max_ulp == 1
+
+
+SURFACE_ROUTES = {"verify": "tests/documented_surface.py (kda_recoverssm_verify)", "plan": "triton",
+                  "defer": "tests/documented_surface.py (_defer_commit_kernel)", "commit": "triton",
+                  "flush": "tests/documented_surface.py (_prepare_flush_plan_kernel) + triton (commit)"}
+
+
+@pytest.mark.parametrize("mode", ["stock", "deferred", "mixed"])
+def test_documented_surface_module_replays(mode, tmp_path, capsys, monkeypatch):
+    """A module with only verify, the records type and the two raw kernels is an
+    implementation; the report says which ops ran through it and which through kda."""
+    path = make_trace(tmp_path / f"{mode}.safetensors",
+                      SynthConfig(preset="tiny", mode=mode, requests=4, seed=7, max_batch=4, max_decode_steps=3))
+    code, report, err = _replay_json([str(path), "--impl", "tests/documented_surface.py"], capsys, monkeypatch)
+    assert code == 0 and report["passed"], err
+    assert report["routes"] == SURFACE_ROUTES
+    if mode != "stock":
+        assert {"defer", "flush"} <= set(report["summary"])
+    code, out, err = run_kda(["replay", str(path), "--impl", "tests/documented_surface.py", "--no-progress"],
+                             capsys, monkeypatch)
+    assert code == 0 and "defer=tests/documented_surface.py (_defer_commit_kernel)" in out, err
+
+
+def test_documented_surface_with_a_wrong_defer_rule_is_named(capsys, monkeypatch, good):
+    """A defer kernel that defers eager rows too: exit 1, at a defer event."""
+    code, report, err = _replay_json([str(good), "--impl", "tests/broken_impls/surface_defers_eager.py",
+                                      "--stop-at-first"], capsys, monkeypatch)
+    assert code == 1 and not report["passed"], err
+    bad = [e for e in report["events"] if not e["passed"]]
+    assert bad[0]["op"] == "defer"
+    first = next(t for t in bad[0]["tensors"] if not t["passed"])
+    assert first["role"] in ("commit_lens", "pending")
+
+
+def test_the_implementations_doc_shows_the_file_the_tests_load():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = (repo / "docs" / "implementations.md").read_text()
+    assert (repo / "tests" / "documented_surface.py").read_text() in doc

@@ -621,6 +621,13 @@ def _start(config: BenchConfig, device: str, progress: Callable[[str], None]):
     return impls, cuda, mode, calls, timer, ceiling
 
 
+def impl_routes(impls: dict) -> dict[str, dict[str, str]]:
+    """Per implementation spec: op -> the implementation it runs through (``traces.surface``)."""
+    from traces.surface import op_routes
+
+    return {spec: op_routes(impl, spec) for spec, impl in impls.items()}
+
+
 def _timing(config: BenchConfig, mode: str, timer) -> dict:
     return {
         "mode": mode, "max_reps": config.reps, "row_seconds": config.row_seconds,
@@ -701,6 +708,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
         "state_dtype": str(state_dtype).removeprefix("torch."), "lower_bound": preset.lower_bound,
         "accept": config.accept, "seed": config.seed, "batches": list(config.batches),
         "spec_lens": list(config.spec_lens), "impls": list(config.impls), "ops": list(config.ops),
+        "routes": impl_routes(impls),
     }
     return BenchRun(workload=workload, timing=_timing(config, mode, timer), environment=environment(),
                     copy_ceiling=ceiling, rows=rows, label=SMOKE_LABEL if config.smoke else None,
@@ -834,6 +842,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
         "trace": str(trace.path), "events": len(trace.events), "heads": m.dims.H, "head_k_dim": m.dims.K,
         "head_v_dim": m.dims.V, "spec_lens": [m.dims.T], "activation_dtype": m.activation_dtype,
         "state_dtype": m.state_dtype, "lower_bound": m.lower_bound, "impls": list(config.impls),
+        "routes": impl_routes(impls),
     }
     timing = {**_timing(config, mode, timer), "method": (
         "per event and sample, untimed: restore every buffer to its contents before the event, read a scratch "

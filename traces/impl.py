@@ -2,8 +2,10 @@
 
 ``triton`` is the ``kernels`` package, ``reference`` is ``kernels.reference``; anything
 else is an importable module name or a path to a ``.py`` file exposing the same five
-functions. The buffer API (``KDARecoverSSMRecords``, ``CommitPlan``, ``allocate_records``)
-is the module's own when it defines it, else that of ``kernels.buffers``.
+functions, or only the documented surface (``traces.surface.SURFACE``: verify, the records
+type and the two raw kernels), in which case the ops it lacks run through kda's kernels.
+The buffer API (``KDARecoverSSMRecords``, ``CommitPlan``, ``allocate_records``) is the
+module's own when it defines it, else that of ``kernels.buffers``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from traces.surface import SURFACE, SurfaceImpl, has_surface
 
 API = {
     "verify": "kda_recoverssm_verify",
@@ -31,13 +35,14 @@ class ImplError(ValueError):
 BUFFER_API = ("KDARecoverSSMRecords", "CommitPlan", "allocate_records", "NULL_BLOCK_ID")
 
 
-def load_impl(spec: str) -> ModuleType:
-    """Import the implementation named by ``spec`` and return its module.
+def load_impl(spec: str) -> ModuleType | SurfaceImpl:
+    """Import the implementation named by ``spec`` and return its module, or a
+    ``SurfaceImpl`` over it when it has the documented surface but not the five functions.
 
-    The module exposes the five ``API`` functions and, after loading, the ``BUFFER_API``
-    names (filled in from ``kernels.buffers`` where the module does not define them).
-    Raises ``ImplError`` when it cannot be imported or lacks an API function. Import the
-    kernels only after the device is chosen (``TRITON_INTERPRET`` on a CPU).
+    The result exposes the five ``API`` functions and the ``BUFFER_API`` names (filled in
+    from ``kernels.buffers`` where the module does not define them). Raises ``ImplError``
+    when it cannot be imported or has neither. Import the kernels only after the device is
+    chosen (``TRITON_INTERPRET`` on a CPU).
     """
     if spec == "triton":
         module = importlib.import_module("kernels")
@@ -54,8 +59,12 @@ def load_impl(spec: str) -> ModuleType:
         except Exception as exc:
             raise ImplError(f"--impl {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
     missing = [fn for fn in API.values() if not callable(getattr(module, fn, None))]
+    if missing and has_surface(module):
+        return SurfaceImpl(module, spec)
     if missing:
-        raise ImplError(f"--impl {spec}: the module lacks {', '.join(missing)}")
+        lacks = [name for name in SURFACE if not hasattr(module, name)]
+        raise ImplError(f"--impl {spec}: the module lacks {', '.join(missing)} (the five-function API), "
+                        f"or {', '.join(lacks)} (the documented surface)")
     from kernels import buffers
 
     for name in BUFFER_API:

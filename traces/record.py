@@ -17,6 +17,12 @@ nothing was seen), events in order. A trace holds one set of buffers: the first 
 records, pending counts, plan and parameters the recorder sees are bound, and calls on
 other buffers (another layer) are passed through unrecorded and counted.
 
+Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
+call is forwarded as it is, so the graph captures what it would without the recorder, and
+counted in ``skipped_calls`` as ``captured`` (one line on stderr says how to record those
+steps: run the engine eagerly). A program that was not edited is recorded by patching its
+modules (``traces.patch``).
+
 ``record_trace(path, ...)`` is the context-manager form. ``api()`` is the hook a process
 uses to get the kernel API: the plain implementation, or, when ``KDA_RECORD`` names a
 trace file, a process-wide recorder closed at exit (options: ``KDA_RECORD_IMPL``,
@@ -45,6 +51,15 @@ from traces.validate import dtype_name
 
 SNAPSHOTS = ("touched", "all")
 ENV_PATH = "KDA_RECORD"
+
+
+CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded, nor are "
+                 "the graph's replays; to record those steps run the engine eagerly (e.g. vLLM's --enforce-eager)")
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (the host must not touch it)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def shards_dir(path: str | os.PathLike) -> Path:
@@ -204,6 +219,11 @@ class Recorder:
                                     plan, out=None):
         """Recorded as what it stands for, a flush and then a verify of the same rows: two
         events, run as two calls so that the state between them is observed."""
+        if capturing():  # the graph gets the fused call, as without the recorder
+            self.skip("captured")
+            return self.impl.kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+                                                         checkpoint_state, records, query_start_loc, state_indices,
+                                                         spec_query_len, record_rows, pending, plan, out=out)
         self.kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
                                   pending, plan)
         return self.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
@@ -214,6 +234,11 @@ class Recorder:
                                      record_rows, pending, eager=None, block_table=None, num_computed=None,
                                      block_size=None):
         """Recorded as what it stands for, a plan and then a deferral: two events."""
+        if capturing():
+            self.skip("captured")
+            return self.impl.kda_recoverssm_plan_deferred(plan, num_accepted, query_start_loc, state_indices,
+                                                          spec_query_len, record_rows, pending, eager, block_table,
+                                                          num_computed, block_size)
         rows = self.kda_recoverssm_plan(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
                                         block_table, num_computed, block_size)
         self.kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
@@ -223,7 +248,11 @@ class Recorder:
 
     def _wants(self, op: str, bind: dict[str, torch.Tensor], lower_bound, spec_query_len,
                lower_bound_used: bool = True) -> bool:
-        """Whether to record this call: recording, op kept, and the buffers the bound ones."""
+        """Whether to record this call: not inside a CUDA graph capture (``capturing``),
+        recording, op kept, and the buffers the bound ones."""
+        if capturing():
+            self.skip("captured")
+            return False
         if self.closed or self.stopped or op not in self.ops:
             self.skipped[op] = self.skipped.get(op, 0) + 1
             return False
@@ -237,6 +266,17 @@ class Recorder:
             self.skipped[op] = self.skipped.get(op, 0) + 1
             return False
         return True
+
+    def skip(self, reason: str) -> None:
+        """Count a call passed through unrecorded under ``reason`` (``skipped_calls``); the
+        first captured one says on stderr how captured steps can be recorded."""
+        if reason == "captured" and "captured" not in self.skipped:
+            print(CAPTURED_NOTE, file=sys.stderr)
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def closing_provenance(self) -> dict[str, Any]:
+        """Provenance known only once recording ends (none here; see ``traces.patch``)."""
+        return {}
 
     def _begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
                bind: dict[str, torch.Tensor], lower_bound: tuple | None = None) -> "_Event":
@@ -355,7 +395,7 @@ class Recorder:
         if self.events == 0:
             shutil.rmtree(self.shards, ignore_errors=True)
             return None
-        extra = {"skipped_calls": dict(self.skipped), "stopped_by": self.stopped}
+        extra = {"skipped_calls": dict(self.skipped), "stopped_by": self.stopped, **self.closing_provenance()}
         result = merge_shards(self.shards, self.path, extra)
         shutil.rmtree(self.shards, ignore_errors=True)
         return result

@@ -18,6 +18,7 @@ import torch
 from traces.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
 from traces.io import Trace
 from traces.schema import BUFFERS, PLAN_FIELDS, Event
+from traces.surface import op_routes
 from traces.tape import event_call, trace_buffers
 
 EXACT_ROLES = ("records.key_gate",)
@@ -54,6 +55,8 @@ class ReplayReport:
     timed: bool = False
     stopped_early: bool = False
     event_range: tuple[int, int] = (0, 0)
+    routes: dict[str, str] = field(default_factory=dict)
+    """Op -> the implementation it ran through (``traces.surface.op_routes``)."""
 
     @property
     def comparisons(self) -> list[Comparison]:
@@ -80,7 +83,8 @@ class ReplayReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "trace": self.trace, "impl": self.impl, "device": self.device, "passed": self.passed,
+            "trace": self.trace, "impl": self.impl, "routes": self.routes, "device": self.device,
+            "passed": self.passed,
             "tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in self.tolerances.items()},
             "exact": ["integer tensors", *EXACT_ROLES],
             "timing": "median of CUDA event times" if self.timed else
@@ -108,8 +112,9 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
     start, stop = events if events is not None else (0, n)
     tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
     timed = torch.device(device).type == "cuda"
-    report = ReplayReport(str(trace.path), impl_name or getattr(impl, "__name__", "?"), device, tol,
-                          timed=timed, event_range=(start, stop))
+    name = impl_name or getattr(impl, "__name__", "?")
+    report = ReplayReport(str(trace.path), name, device, tol, timed=timed, event_range=(start, stop),
+                          routes=op_routes(impl, name))
     state = _Buffers(trace, impl, device)
     for i in range(stop):
         event = trace.events[i]

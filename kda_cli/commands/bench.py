@@ -75,6 +75,8 @@ def _render_human(run, ratios: dict, comparison) -> None:
         console.print(f"copy ceiling: {c['gbps']:.0f} GB/s (device-to-device copy, {c['bytes'] / 2**30:.1f} GiB "
                       f"read+written, median of {c['count']})")
     impls = w["impls"]
+    for impl, routes in w.get("routes", {}).items():  # runs saved before routes were recorded have none
+        console.print(escape(f"{impl}: ops through " + "; ".join(f"{op}={where}" for op, where in routes.items())))
     real = not run.label
     traced = "trace" in w
     table = Table(title=escape("microseconds per call: median [p10-p90] x samples"), title_justify="left")

@@ -4,8 +4,7 @@ parsing and rendering only (engine: ``traces.record``)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -53,6 +52,11 @@ def merge(
 def run(
     ctx: typer.Context,
     out: Path = typer.Argument(..., help="Trace file to write."),
+    patch: List[str] = typer.Option([], "--patch",
+                                    help="Module to record without editing the program: its kernel API functions "
+                                         "and raw kernels are wrapped when it is imported (repeat or "
+                                         "comma-separate)."),
+    layer: int = typer.Option(0, "--layer", help="With --patch: record the N-th set of buffers seen (one per layer)."),
     impl: Optional[str] = typer.Option(None, "--impl",
                                        help="Module the recorder wraps (default: what the program asks for)."),
     ops: Optional[str] = typer.Option(None, "--ops", help="Comma-separated ops to record (default: all)."),
@@ -60,49 +64,39 @@ def run(
     max_mb: Optional[float] = typer.Option(None, "--max-mb", help="Stop recording past this many MiB of shards."),
     snapshot: str = typer.Option("touched", "--snapshot",
                                  help="touched: slots and record rows at first touch; all: whole pools."),
-    format: str = typer.Option("human", "--format", help="human or json."),
+    format: str = typer.Option("human", "--format", help="human or json (the command's own output then goes to "
+                                                         "stderr)."),
 ) -> None:
     """Run a command (after --) with KDA_RECORD=OUT set, and merge what a crash left.
 
-    A program that takes the kernel API from traces.record.api() is recorded.
+    A program that takes the kernel API from traces.record.api() is recorded; with --patch,
+    an unedited program that imports the named modules is. Without a CUDA device the
+    command's Triton kernels run through the interpreter.
     """
-    command: List[str] = list(ctx.args)
-    if not command:
-        raise CommandError("no command to run: kda record run OUT -- COMMAND [ARGS]", EXIT_BAD_INPUT)
     check_format(format)
-    from traces.record import MergeResult, RecordError, merge_shards, shards_dir
+    from traces.patch import parse_names
+    from traces.record import RecordError, shards_dir
+    from traces.record_run import RecordRunError, record_command
 
-    if shards_dir(out).exists():
-        raise CommandError(f"{shards_dir(out)} exists: merge it (kda record merge) or remove it first", EXIT_BAD_INPUT)
-    env = dict(os.environ, KDA_RECORD=str(out.resolve()), KDA_RECORD_SNAPSHOT=snapshot)
-    for var, value in (("KDA_RECORD_IMPL", impl), ("KDA_RECORD_OPS", ops), ("KDA_RECORD_MAX_EVENTS", max_events),
-                       ("KDA_RECORD_MAX_MB", max_mb)):
-        if value is not None:
-            env[var] = str(value)
+    patches = [name for value in patch for name in parse_names(value)]
     try:
-        code = subprocess.call(command, env=env)
-    except OSError as exc:
-        raise CommandError(f"cannot run {command[0]}: {exc}", EXIT_BAD_INPUT) from None
-    if shards_dir(out).exists():  # the program died before the recorder could merge
-        try:
-            result = merge_shards(shards_dir(out), out)
-        except RecordError as exc:
-            raise CommandError(f"the command exited with status {code}; {exc}", EXIT_RUNTIME) from None
-        _print(result, format, f" (merged from {shards_dir(out)} after the command exited with status {code})",
-               exit_status=code)
-    elif out.exists():  # the recorder merged its shards when the program exited
-        from traces.io import read_trace
-        from traces.schema import TraceError
-
-        try:
-            with read_trace(out) as trace:
-                events = len(trace.events)
-        except TraceError as exc:
-            raise CommandError(f"the command exited with status {code} and left {out}, not a trace: {exc}",
-                               EXIT_RUNTIME) from None
-        _print(MergeResult(out, events, None, 0), format, exit_status=code)
+        run = record_command(out, list(ctx.args), output_to_stderr=format == "json", impl=impl, ops=ops,
+                             max_events=max_events, max_mb=max_mb, snapshot=snapshot, patches=patches, layer=layer)
+    except RecordError as exc:
+        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+    except RecordRunError as exc:
+        raise CommandError(str(exc), EXIT_RUNTIME) from None
+    if run.interpreter and format != "json":
+        print("kda record: no CUDA device: the command's Triton kernels ran through the interpreter "
+              "(TRITON_INTERPRET=1)", file=sys.stderr)
+    code = run.exit_status
+    if run.result is not None:
+        note = f" (merged from {shards_dir(out)} after the command exited with status {code})" \
+            if run.merged_from_shards else ""
+        _print(run.result, format, note, exit_status=code, interpreter=run.interpreter)
     if code != 0:
         raise CommandError(f"the command exited with status {code}", EXIT_RUNTIME)
-    if not out.exists():
-        raise CommandError("nothing was recorded: does the program take the kernel API from traces.record.api()?",
-                           EXIT_RUNTIME)
+    if run.result is None:
+        hint = f"was {', '.join(patches)} imported?" if patches else \
+            "does the program take the kernel API from traces.record.api(), or name its module with --patch?"
+        raise CommandError(f"nothing was recorded: {hint}", EXIT_RUNTIME)

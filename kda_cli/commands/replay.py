@@ -169,6 +169,7 @@ def _render(report, manifest) -> None:
                   f"H={d.H} K={d.K} V={d.V} T={d.T}, {manifest.activation_dtype} activations, "
                   f"{manifest.state_dtype} state; events {a}:{b} of {len(manifest.events)}"
                   f"{' (stopped at the first mismatch)' if report.stopped_early else ''}")
+    console.print("ops through: " + "; ".join(f"{op}={escape(where)}" for op, where in report.routes.items()))
     tol = "; ".join(f"{k} atol={t.atol:g} rtol={t.rtol:g}" for k, t in report.tolerances.items())
     console.print(f"tolerances: {tol}; integers and records.key_gate exact")
 

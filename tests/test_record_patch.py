@@ -1,0 +1,185 @@
+"""Recording programs as they run: an unedited script through ``kda record run --patch`` (the
+engine's raw kernels launched by the script itself, one layer of two chosen), and calls
+inside a CUDA graph capture passed through untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trace_helpers import run_kda
+from traces.io import read_trace
+from traces.patch import BOOT_DIR
+from traces.record import CAPTURED_NOTE, record_trace
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = str(REPO / "tests" / "engine_script.py")
+PATCHES = ["--patch", "tests.documented_surface", "--patch", "kernels"]
+STEP_OPS = {"deferred": ["flush", "verify", "plan", "defer", "commit"], "stock": ["flush", "verify", "plan", "commit"]}
+SCRIPT_OPS = STEP_OPS["deferred"] * 2 + STEP_OPS["stock"] + ["flush"]
+"""What ``engine_script.py 3`` runs on each layer: two deferred steps, a stock one, a flush."""
+
+
+@pytest.fixture(scope="module")
+def plain_output() -> str:
+    """The script's output when nothing records it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, SCRIPT, "3"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _replays(path: Path, impl: str, capfd, monkeypatch) -> None:
+    code, out, err = run_kda(["replay", str(path), "--impl", impl, "--no-progress", "--format", "json"], capfd,
+                             monkeypatch)
+    assert code == 0 and json.loads(out)["passed"], err
+
+
+def test_record_run_patch_records_an_unedited_script(tmp_path, plain_output, capfd, monkeypatch):
+    """JSON on stdout alone, the script's own output unchanged on stderr, the interpreter chosen
+    for a machine without a GPU; the trace replays through kda and through the engine's module."""
+    interpret = os.environ.get("TRITON_INTERPRET")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # kda record chooses it for the child
+    path = tmp_path / "engine.safetensors"
+    code, out, err = run_kda(["record", "run", str(path), *PATCHES, "--format", "json", "--",
+                              sys.executable, SCRIPT, "3"], capfd, monkeypatch)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["events"] == len(SCRIPT_OPS) and summary["interpreter"] is not torch.cuda.is_available()
+    if interpret is not None:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)  # as the kernels of this process were imported
+    assert plain_output in err
+    with read_trace(path) as trace:
+        assert [e.op for e in trace.events] == SCRIPT_OPS
+        provenance = trace.manifest.provenance
+    assert provenance["patched"] == ["tests.documented_surface", "kernels"]
+    assert (provenance["layer"], provenance["layers_seen"]) == (0, 2)
+    assert provenance["skipped_calls"]["other_layer"] > 0
+    _replays(path, "triton", capfd, monkeypatch)
+    _replays(path, "tests/documented_surface.py", capfd, monkeypatch)
+
+
+def test_layer_picks_the_nth_set_of_buffers_and_the_env_variable_patches(tmp_path, plain_output, capfd, monkeypatch):
+    """``--layer 1`` records the second layer (its parameters, not the first's); setting
+    ``KDA_RECORD_PATCH`` with the start-up hook on PYTHONPATH records the same trace."""
+    from tests.engine_script import layer_buffers
+
+    g = torch.Generator().manual_seed(0)
+    first, second = layer_buffers(g), layer_buffers(g)
+    path = tmp_path / "layer1.safetensors"
+    code, out, err = run_kda(["record", "run", str(path), *PATCHES, "--layer", "1", "--",
+                              sys.executable, SCRIPT, "3"], capfd, monkeypatch)
+    assert code == 0, err
+    assert out.startswith(plain_output) and f"wrote {path}: {len(SCRIPT_OPS)} events" in out
+    by_env = tmp_path / "env.safetensors"
+    env = dict(os.environ, KDA_RECORD=str(by_env), KDA_RECORD_PATCH="tests.documented_surface,kernels",
+               KDA_RECORD_LAYER="1", PYTHONPATH=os.pathsep.join([str(BOOT_DIR), str(REPO)]))
+    done = subprocess.run([sys.executable, SCRIPT, "3"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == plain_output, done.stderr
+    for trace_path in (path, by_env):
+        with read_trace(trace_path) as trace:
+            assert [e.op for e in trace.events] == SCRIPT_OPS
+            A_log = trace.tensor(trace.manifest.params["A_log"])
+            assert trace.manifest.provenance["layer"] == 1
+        assert torch.equal(A_log, second["A_log"]) and not torch.equal(A_log, first["A_log"])
+    _replays(path, "triton", capfd, monkeypatch)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "-1", *PATCHES], "--layer -1: expected a layer number >= 0"),
+    (["--layer", "1"], "--layer needs --patch"),
+])
+def test_bad_record_run_options_are_one_error_line(tmp_path, args, message, capfd, monkeypatch):
+    code, out, err = run_kda(["record", "run", str(tmp_path / "x.safetensors"), *args, "--", "true"], capfd,
+                             monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1
+    assert lines[0].startswith("Error: ") and message in lines[0]
+
+
+def test_calls_during_a_capture_are_forwarded_whole_and_counted(tmp_path, capsys, monkeypatch):
+    """With the stream capturing (forced here; the GPU test below captures for real) nothing is
+    recorded, fused calls reach the implementation fused, and one stderr line says why."""
+    import traces.record as record
+    from tests.decode_loop import decode_loop
+
+    monkeypatch.setattr(record, "capturing", lambda: True)
+    path = tmp_path / "captured.safetensors"
+    with record_trace(path, "reference") as api:
+        decode_loop(api, "deferred", steps=3, fused=True)
+        skipped = dict(api.skipped)
+    assert skipped == {"captured": 3 * 3 + 1}  # flush_verify, plan_deferred, commit a step; the last flush
+    assert not path.exists()
+    assert capsys.readouterr().err.count(CAPTURED_NOTE) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_only
+def test_a_captured_step_runs_as_without_the_recorder_and_eager_steps_are_recorded(tmp_path, capfd, monkeypatch):
+    """verify, plan, commit captured in a CUDA graph under the recorder: the capture succeeds,
+    its replays give bit for bit what the same graph captured without the recorder gives, the
+    captured calls are counted (``captured``) with one line on stderr, and the trace holds the
+    eager step, which replays."""
+    from tests.decode_loop import ACT, H, K, LOWER_BOUND, T, V
+    import kernels
+
+    def buffers(seed: int) -> dict:
+        g = torch.Generator().manual_seed(seed)
+        lens = [T, 2, 3]
+        x = {"pool": torch.randn(4, H, V, K, generator=g) * 0.5,
+             "A_log": torch.log(torch.empty(H).uniform_(1.0, 16.0, generator=g)),
+             "dt_bias": torch.randn(H * K, generator=g) * 0.5,
+             "q": torch.randn(1, sum(lens), H, K, generator=g).to(ACT), "k": torch.randn(1, sum(lens), H, K, generator=g).to(ACT),
+             "v": torch.randn(1, sum(lens), H, V, generator=g).to(ACT),
+             "raw_g": torch.randn(1, sum(lens), H, K, generator=g).to(ACT),
+             "raw_beta": torch.randn(1, sum(lens), H, generator=g).to(ACT),
+             "qsl": torch.tensor([0, T, T + 2, T + 5], dtype=torch.int32),
+             "slots": torch.tensor([1, 2, 3], dtype=torch.int32), "accepted": torch.tensor([T, 1, 2], dtype=torch.int32)}
+        x = {name: t.cuda() for name, t in x.items()}
+        x["pool"][0] = 0
+        x["records"] = kernels.allocate_records(3, H, T, K, V, ACT, "cuda")
+        x["plan"] = kernels.CommitPlan.allocate(3, "cuda")
+        x["out"] = torch.empty_like(x["v"])
+        return x
+
+    def step(api, x) -> None:
+        api.kda_recoverssm_verify(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["dt_bias"],
+                                  LOWER_BOUND, x["pool"], x["records"], x["qsl"], x["slots"], T, out=x["out"])
+        api.kda_recoverssm_plan(x["plan"], x["accepted"], x["qsl"], x["slots"], T)
+        api.kda_recoverssm_commit(x["pool"], x["records"], x["A_log"], x["dt_bias"], LOWER_BOUND, x["slots"],
+                                  x["plan"])
+
+    def captured(api, x) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(api, x)
+        return graph
+
+    path = tmp_path / "graphs.safetensors"
+    recorded, plain = buffers(0), buffers(0)
+    step(kernels, plain)  # the eager step, as the recorded side runs it
+    with record_trace(path, "kernels") as api:
+        step(api, recorded)
+        graph = captured(api, recorded)
+        for _ in range(3):
+            graph.replay()
+    baseline = captured(kernels, plain)
+    for _ in range(3):
+        baseline.replay()
+    torch.cuda.synchronize()
+    for name in ("pool", "out"):
+        assert torch.equal(recorded[name], plain[name]), f"{name} differs from the graph without the recorder"
+    assert torch.equal(recorded["records"].correction, plain["records"].correction)
+    assert capfd.readouterr().err.count(CAPTURED_NOTE) == 1
+    with read_trace(path) as trace:
+        assert [e.op for e in trace.events] == ["verify", "plan", "commit"]
+        assert trace.manifest.provenance["skipped_calls"] == {"captured": 3}
+    _replays(path, "triton", capfd, monkeypatch)
