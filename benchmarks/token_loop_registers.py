@@ -3,14 +3,15 @@
 usage: python3 benchmarks/token_loop_registers.py {verify,commit} T BV [--budget N]
        [--set NAME=0|1 ...] [--sass]
 
-Compiles ``kernels.verify._token_loop_kernel`` or ``kernels.commit._token_loop_kernel`` at
+Compiles ``kernels.verify_token_loop._verify_token_loop_kernel`` or
+``kernels.commit._commit_token_loop_kernel`` at
 the k3-tp8 shape (H=12, K=V=128, bf16 activations, fp32 state, a lower bound) as their
 launchers do (one warp, one stage, ``--budget`` as ``maxnreg``), with the ptxas and
 cuobjdump that ship with Triton, and prints the registers per thread, the bytes of local
 memory (spills) and the SASS instruction count; ``--sass`` also prints the SASS. ``--set``
 turns a mode on or off: ``HAS_RECORD_INDICES``, ``WINDOW_AT_ONCE``, ``FLUSH``,
 ``CONSUME_PENDING`` (verify), ``PENDING`` (commit). A budget's effect on the schedule
-(``benchmarks/NOTES.md``, row 32) shows here before a GPU run.
+(``benchmarks/NOTES.md``) shows here before a GPU run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import commit, verify  # noqa: E402
+from kernels import commit, verify_token_loop  # noqa: E402
 
 ACTIVATION_POINTERS = {"q_ptr", "k_ptr", "g_ptr", "v_ptr", "beta_ptr", "key_gate_ptr", "out_ptr"}
 FLOAT_POINTERS = {"A_log_ptr", "dt_bias_ptr", "state_ptr", "correction_ptr"}
@@ -52,7 +53,7 @@ def absent_pointers(kernel: str, modes: dict[str, bool]) -> set[str]:
 
 def compile_token_loop(kernel: str, spec_len: int, block_v: int, modes: dict[str, bool], budget: int | None):
     """The kernel compiled for sm_90 (a ``triton.compiler.CompiledKernel``)."""
-    fn = (verify if kernel == "verify" else commit)._token_loop_kernel
+    fn = verify_token_loop._verify_token_loop_kernel if kernel == "verify" else commit._commit_token_loop_kernel
     constants = dict(H=12, K=128, V=128, T=spec_len, BK=128, BV=block_v, BT=triton.next_power_of_2(spec_len),
                      HAS_LOWER_BOUND=True, FENCED=True, DEPENDENT=True, **modes)
     absent = absent_pointers(kernel, modes)

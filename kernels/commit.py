@@ -4,14 +4,14 @@ Folding is ``S_n = S_0 exp(G_n) + U F_n`` (``kernels.fold``), whose operand ``F_
 a row's records alone, not on the state. Three designs, chosen by the number of (row, head)
 pairs and the window (``kernels.launch.commit_config``):
 
-- fewest tokens: ``_token_loop_kernel``, one program per (V-tile, row, head), holds a
+- fewest tokens: ``_commit_token_loop_kernel``, one program per (V-tile, row, head), holds a
   whole ``[BV, K]`` state tile and folds the records one token at a time (the recurrence of
   docs section 2): elementwise work, no product and no operand;
-- few pairs, one launch: ``_fold_in_tile_kernel``, one program per (V-tile, row, head),
+- few pairs, one launch: ``_commit_fold_in_tile_kernel``, one program per (V-tile, row, head),
   rebuilds each block of ``F`` from the records beside the state block, in every V-tile;
-- many pairs, two launches: ``_fold_operand_kernel``, one program per (row, head, block of
+- many pairs, two launches: ``_commit_fold_operand_kernel``, one program per (row, head, block of
   key channels), writes ``F`` of the commit length (operand 0) and, on rows with a boundary
-  slot, of the recovery length (operand 1) once; then ``_fold_state_kernel`` walks each
+  slot, of the recovery length (operand 1) once; then ``_commit_fold_state_kernel`` walks each
   state tile in blocks of key channels (loads pipelined) and stores each block folded.
 
 Rows with a boundary slot take both folds from one read of each block (the boundary slot may
@@ -34,7 +34,7 @@ from kernels.dependent_launch import (
 )
 from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
-from kernels.launch import DOT_PRECISION, commit_config
+from kernels.launch import DOT_PRECISION, Target, commit_config
 from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
 
 
@@ -85,7 +85,7 @@ def _folded(S, U, g, G, key, count, offs_t, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _fold_in_tile_kernel(
+def _commit_fold_in_tile_kernel(
     state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
@@ -141,7 +141,7 @@ def _fold_in_tile_kernel(
 
 
 @triton.jit
-def _token_loop_kernel(
+def _commit_token_loop_kernel(
     state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
@@ -210,7 +210,7 @@ def _token_loop_kernel(
 
 
 @triton.jit
-def _fold_operand_kernel(
+def _commit_fold_operand_kernel(
     key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr, row_ready_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
@@ -250,7 +250,7 @@ def _fold_operand_kernel(
 
 
 @triton.jit
-def _fold_state_kernel(
+def _commit_fold_state_kernel(
     state_ptr, correction_ptr, fold_ptr, decay_ptr, row_ready_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
@@ -260,7 +260,7 @@ def _fold_state_kernel(
     FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr,
 ):
-    """Per (V-tile, head, row): the operands of ``_fold_operand_kernel`` applied to each block.
+    """Per (V-tile, head, row): the operands of ``_commit_fold_operand_kernel`` applied to each block.
     With ``BY_ROW`` a program starts once its row's ``operand_parts * H`` operand programs
     are done, not the whole operand kernel."""
     pid_v = tl.program_id(0)
@@ -320,7 +320,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     if B == 0:
         return
     T = records.spec_query_len
-    cfg = commit_config(B, H, K, V, T, compiled=checkpoint_state.device.type == "cuda")
+    cfg = commit_config(B, H, K, V, T, Target.of(checkpoint_state.device))
     has_rec = record_indices is not None
     dependent = dependent_launch(checkpoint_state.device)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
@@ -329,12 +329,12 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
                 **dependent, num_warps=cfg.num_warps, num_stages=1)
     state_grid = (triton.cdiv(V, cfg.block_v), H, B)
     lower = 0.0 if lower_bound is None else float(lower_bound)
-    if cfg.token_loop:
+    if cfg.design == "token-loop":
         _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices,
                            record_indices, plan_rows, None)
         return
-    if not cfg.operand_once:
-        _fold_in_tile_kernel[state_grid](
+    if cfg.design == "fold-in-tile":
+        _commit_fold_in_tile_kernel[state_grid](
             checkpoint_state, records.correction, records.key_gate, A_log, dt_bias, lower, state_indices,
             record_indices, *plan_rows, state_indices.stride(0), NULL_BLOCK_ID,
             BT=cfg.fold_depth, HAS_LOWER_BOUND=lower_bound is not None, **args,
@@ -346,14 +346,14 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
     decay = torch.empty((2, B, H, K), **f32)
     row_ready, by_row = row_wait(checkpoint_state.device, B, cfg.wait_by_row, dependent)
-    _fold_operand_kernel[(parts, H, B)](
+    _commit_fold_operand_kernel[(parts, H, B)](
         records.key_gate, A_log, dt_bias, lower, fold, decay, row_ready, state_indices, record_indices,
         *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, BY_ROW=by_row,
-        **dependent, num_warps=cfg.operand_warps, num_stages=1,
+        **dependent, num_warps=1, num_stages=1,
     )
-    _fold_state_kernel[state_grid](
+    _commit_fold_state_kernel[state_grid](
         checkpoint_state, records.correction, fold, decay, row_ready, state_indices, record_indices, *plan_rows,
         state_indices.stride(0), NULL_BLOCK_ID, B * H, parts, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth,
         BY_ROW=by_row, **args,
@@ -363,13 +363,12 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
 def fold_pending(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound, state_indices,
                  record_rows, pending) -> None:
     """Fold each row's pending records (``pending[record_rows[b]]`` of them, as a flush plans
-    the count) into its slot in place, in one launch of the token loop, where
-    ``commit_config`` runs one for ``B`` rows (``token_loop``). Unlike ``kda_recoverssm_flush``
+    the count) into its slot in place, in one launch of the commit's token loop on its tiles
+    for ``B`` rows. Unlike ``kda_recoverssm_flush``
     it neither consumes the counts nor writes a plan: the caller's next launch must (the
     flushing verify's flush apart). Arguments as ``kda_recoverssm_flush``'s, already checked."""
     B, H, V, K = state_indices.shape[0], checkpoint_state.shape[1], checkpoint_state.shape[2], checkpoint_state.shape[3]
-    cfg = commit_config(B, H, K, V, records.spec_query_len, compiled=checkpoint_state.device.type == "cuda")
-    assert cfg.token_loop, "fold_pending runs only where the commit runs its token loop"
+    cfg = commit_config(B, H, K, V, records.spec_query_len, Target.of(checkpoint_state.device), design="token-loop")
     _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
                        (None,) * 4, pending)
 
@@ -378,12 +377,12 @@ def _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bou
                        plan_rows, pending) -> None:
     """The commit's token loop over ``plan_rows``, or with ``pending`` counts instead (``PENDING``)."""
     H, V, K = checkpoint_state.shape[1], checkpoint_state.shape[2], checkpoint_state.shape[3]
-    _token_loop_kernel[(triton.cdiv(V, cfg.token_block_v), H, state_indices.shape[0])](
+    _commit_token_loop_kernel[(triton.cdiv(V, cfg.block_v), H, state_indices.shape[0])](
         checkpoint_state, records.correction, records.key_gate, A_log, dt_bias,
         0.0 if lower_bound is None else float(lower_bound), state_indices, record_indices, *plan_rows, pending,
         state_indices.stride(0), NULL_BLOCK_ID,
-        H=H, K=K, V=V, T=records.spec_query_len, BK=cfg.block_k, BV=cfg.token_block_v,
+        H=H, K=K, V=V, T=records.spec_query_len, BK=cfg.block_k, BV=cfg.block_v,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
         PENDING=pending is not None, **dependent_launch(checkpoint_state.device), num_warps=1,
-        maxnreg=cfg.token_max_registers, num_stages=1,
+        maxnreg=cfg.max_registers, num_stages=1,
     )

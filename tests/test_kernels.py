@@ -57,135 +57,104 @@ CONFIGS = [
 ]
 
 
-COMMIT_DESIGNS = ["token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"]
-VERIFY_DESIGNS = ["token-loop", "two-kernels", "two-kernels-descriptor", "one-pass"]
-FLUSHING_DESIGNS = ["token-loop-at-once", "token-loop-token-by-token", "token-loop-long-window", "two-kernels",
-                    "flush-apart"]
-# the stock round trip pairs every design of each kernel with one of the other's
+# the stock round trip pairs every design of each op with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
                  ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide"),
                  ("two-kernels-descriptor", "fold-operand-once")]
 
 
-def use_commit_design(monkeypatch, name: str) -> None:
-    """Run every commit through design ``name``, whatever the batch (the pair counts that pick
-    one are moved): one token at a time; one launch; fold operands once, by programs of 32
-    key channels; of 64."""
-    token_loop = name == "token-loop"
-    once = name.startswith("fold-operand-once")
-    wide = name.endswith("wide")
-    monkeypatch.setattr(kernels.launch, "_COMMIT_TOKEN_LOOP_PAIRS", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_COMMIT_TOKEN_LOOP_WORK", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_OPERAND_ONCE_PAIRS", 0 if once else 1 << 30)
-    monkeypatch.setattr(kernels.launch, "_WIDE_OPERAND_PAIRS", 0 if wide else 1 << 30)
-    cfg = kernels.launch.commit_config(1, 1, 128, 128, 1)
-    assert cfg.token_loop == token_loop
-    assert token_loop or (cfg.operand_once, cfg.operand_block_k) == (once, 64 if wide else 32)
+def use_designs(monkeypatch, **designs: str) -> None:
+    """Run every call of each op through the design named for it, whatever the batch
+    (``KDA_DESIGN``, ``kernels.launch``): ``use_designs(monkeypatch, verify="one-pass")``; an
+    op's name with ``_`` for ``-``."""
+    forced = ",".join(f"{op.replace('_', '-')}={design}" for op, design in designs.items())
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, forced)
+    for op, design in designs.items():
+        assert kernels.launch.forced_design(op.replace("_", "-")) == design
 
 
-def use_verify_design(monkeypatch, name: str) -> None:
-    """Run every stock verify through design ``name``, whatever the batch: one token at a
-    time; the key side and the state kernel, loading state blocks through pointers or through
-    a tensor descriptor; one kernel that builds the window's operands in every V-tile."""
-    token_loop = name == "token-loop"
-    one_pass = name == "one-pass"
-    descriptor = name == "two-kernels-descriptor"
-    monkeypatch.setattr(kernels.launch, "_VERIFY_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_ONE_PASS_PAIRS", 1 << 30 if one_pass else -1)
-    monkeypatch.setattr(kernels.launch, "_STATE_DESCRIPTOR_PAIRS", -1 if descriptor else 1 << 30)
-    cfg = kernels.launch.verify_config(1, 1, 128, 128, 1)
-    assert (cfg.token_loop, cfg.one_pass, cfg.state_descriptor) == (token_loop, one_pass, descriptor)
-
-
-def use_flushing_design(monkeypatch, name: str) -> None:
-    """Run every flushing verify through design ``name``, whatever the batch: one token at a
-    time, folding first, on 4-row tiles with the window's inputs read at once, on 8-row tiles
-    token by token, or as for long windows, on 4-row tiles token by token (compiled; the
-    interpreter takes 8, and the 2-row tiles of the fewest pairs run the same code); the key
-    side (with the fold programs) and the folding state kernel; the flush apart (the fold
-    alone, ``fold_pending``), then the stock verify's token loop, which consumes the counts
-    and writes the plan."""
-    token_loop = name.startswith("token-loop")
-    at_once = name == "token-loop-at-once"
-    apart = name == "flush-apart"
-    long_window = name == "token-loop-long-window"
-    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_TOKENS", 1 << 30 if token_loop else -1)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_TOKEN_LOOP_WINDOW", 0 if long_window else 1 << 30)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_NARROW_PAIRS", 1 << 30 if at_once else -1)
-    monkeypatch.setattr(kernels.launch, "_FLUSH_APART_PAIRS", 1 << 30 if apart else -1)
-    flushing = kernels.launch.verify_config(1, 1, 128, 128, 1, flush=True)
-    assert flushing.flush_apart == apart
-    assert apart or (flushing.token_loop, flushing.one_pass) == (token_loop, False)
-    assert apart or flushing.token_window_at_once == at_once
-    assert not long_window or flushing.token_block_v == 4
-
-
-@pytest.fixture(params=COMMIT_DESIGNS)
+@pytest.fixture(params=kernels.launch.DESIGNS["commit"])
 def commit_design(request, monkeypatch):
-    use_commit_design(monkeypatch, request.param)
+    use_designs(monkeypatch, commit=request.param)
     return request.param
 
 
-@pytest.fixture(params=VERIFY_DESIGNS)
+@pytest.fixture(params=kernels.launch.DESIGNS["verify"])
 def verify_design(request, monkeypatch):
-    use_verify_design(monkeypatch, request.param)
+    use_designs(monkeypatch, verify=request.param)
     return request.param
 
 
-def test_verify_design_follows_pair_count():
-    """K3 per TP8 rank (H=12): one token at a time up to B=8 at T=4 (4 state rows a tile) and
-    B=4 at T=8 (2 rows up to B=2, then 8), then one kernel up to B=16, two from B=17;
-    flushing, at B=1 the flush apart, then the stock verify; one token at a time up to B=8 at
-    T=4 (4 rows at B=2, then 8, the window read at once on 4) and B=4 at T=8 (2 rows up to
-    B=2, then 4, token by token), else two kernels."""
-    config = kernels.launch.verify_config
-    assert config(8, 12, 128, 128, 4).token_loop and config(8, 12, 128, 128, 4).token_block_v == 4
-    assert not config(9, 12, 128, 128, 4).token_loop
-    assert [config(b, 12, 128, 128, 8).token_block_v for b in (1, 2, 3, 4)] == [2, 2, 8, 8]
-    assert config(4, 12, 128, 128, 8).token_loop and not config(5, 12, 128, 128, 8).token_loop
-    assert config(16, 12, 128, 128, 8).one_pass
-    assert not config(17, 12, 128, 128, 8).one_pass
-    assert [config(b, 12, 128, 128, 4, flush=True).token_block_v for b in (2, 3, 8)] == [4, 8, 8]
-    at_once = [config(b, 12, 128, 128, 4, flush=True).token_window_at_once for b in (2, 3, 8)]
-    assert at_once == [True, False, False]
-    assert config(1, 12, 128, 128, 8).token_window_at_once and config(8, 12, 128, 128, 4).token_window_at_once
-    assert config(8, 12, 128, 128, 4, flush=True).token_loop
-    assert not config(9, 12, 128, 128, 4, flush=True).token_loop
-    assert [config(b, 12, 128, 128, 8, flush=True).flush_apart for b in (1, 2)] == [True, False]
-    assert config(2, 12, 128, 128, 8, flush=True).token_loop
-    assert [config(b, 12, 128, 128, 8, flush=True).token_block_v for b in (2, 3, 4)] == [2, 4, 4]
-    assert not any(config(b, 12, 128, 128, 8, flush=True).token_window_at_once for b in (2, 3, 4))
-    assert config(4, 12, 128, 128, 8, flush=True).token_loop
-    assert [config(b, 12, 128, 128, 4, flush=True).flush_apart for b in (1, 2, 8)] == [True, False, False]
-    # the interpreter runs programs one after another: the wider tiles there
-    assert config(1, 12, 128, 128, 8, compiled=False).token_block_v == 16
-    assert config(1, 12, 128, 128, 4, flush=True, compiled=False).token_block_v == 4
-    assert config(1, 12, 128, 128, 8, flush=True, compiled=False).flush_apart
-    for flushing in (config(5, 12, 128, 128, 8, flush=True), config(9, 12, 128, 128, 4, flush=True)):
-        assert not (flushing.one_pass or flushing.token_loop)
-        assert (flushing.block_v, flushing.num_warps) == (32, 1)  # the folding state kernel's narrow tiles
+def test_design_table_follows_pair_count():
+    """K3 per TP8 rank (H=12) on the H200 the table is tuned on. Verify: one token at a time up
+    to B=8 at T=4 and B=4 at T=8, one kernel up to B=16, two from B=17, their state blocks
+    through a tensor descriptor from B=86. Flushing: at B=1 the flush apart; one token at a
+    time up to B=8 at T=4 (the window read at once up to B=2) and B=4 at T=8, else two
+    kernels. Commit: one token at a time up to B=32 at T=4 and B=8 at T=8 (never past B=32),
+    then the fold operand in every V-tile up to B=10, once from B=11, 64 key channels a
+    program from B=43."""
+    def designs(op_config, batches, T, **kw):
+        return [op_config(b, 12, 128, 128, T, **kw).design for b in batches]
+
+    verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
+    assert designs(verify, (8, 9, 16, 17, 85, 86), 4) == [
+        "token-loop", "one-pass", "one-pass", "two-kernels", "two-kernels", "two-kernels-descriptor"]
+    assert designs(verify, (4, 5), 8) == ["token-loop", "one-pass"]
+    assert designs(verify, (1, 2, 3, 8, 9), 4, flush=True) == [
+        "flush-apart", "token-loop-at-once", "token-loop-token-by-token", "token-loop-token-by-token",
+        "two-kernels"]
+    assert designs(verify, (1, 2, 4, 5), 8, flush=True) == [
+        "flush-apart", "token-loop-token-by-token", "token-loop-token-by-token", "two-kernels"]
+    assert designs(commit, (32, 33), 4) == ["token-loop", "fold-operand-once"]
+    assert designs(commit, (8, 9, 10, 11, 42, 43), 8) == [
+        "token-loop", "fold-in-tile", "fold-in-tile", "fold-operand-once", "fold-operand-once",
+        "fold-operand-once-wide"]
+    assert designs(commit, (33,), 1) == ["fold-operand-once"]
+    # the same pairs per SM on a GPU of half the SMs: half the batch
+    half = kernels.launch.Target(compiled=True, sm_count=66, capability_major=9)
+    assert designs(verify, (4, 5, 8, 9), 4, target=half) == ["token-loop", "one-pass", "one-pass", "two-kernels"]
+    # no tensor descriptor before sm_90, nor where the tiles do not divide V
+    older = kernels.launch.Target(compiled=True, sm_count=132, capability_major=8)
+    assert designs(verify, (256,), 8, target=older) == ["two-kernels"]
+    assert verify(256, 12, 128, 96, 8).design == "two-kernels"
+
+
+def test_design_tiles():
+    """State rows per program: the stock token loop 4 at T=4, at T=8 2 up to B=2, then 8; the
+    flushing one 4 at once, 8 token by token at T=4 and at T=8 2 up to B=2, then 4; under the
+    interpreter (programs one after another) 16 and 4 or 8. The commit's token loop 4 up to
+    B=4, 8 up to B=8, then 16 (16 under the interpreter). The flushing two kernels on 32-row
+    one-warp tiles."""
+    verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
+    interpreter = kernels.launch.INTERPRETER
+    assert verify(8, 12, 128, 128, 4).block_v == 4
+    assert [verify(b, 12, 128, 128, 8).block_v for b in (1, 2, 3, 4)] == [2, 2, 8, 8]
+    assert [verify(b, 12, 128, 128, 4, flush=True).block_v for b in (2, 3, 8)] == [4, 8, 8]
+    assert [verify(b, 12, 128, 128, 8, flush=True).block_v for b in (2, 3, 4)] == [2, 4, 4]
+    assert [verify(b, 12, 128, 128, 4, flush=True).window_at_once for b in (2, 3)] == [True, False]
+    assert verify(1, 12, 128, 128, 8, target=interpreter).block_v == 16
+    assert verify(1, 12, 128, 128, 4, flush=True, target=interpreter, design="token-loop-at-once").block_v == 4
+    assert verify(3, 12, 128, 128, 4, flush=True, target=interpreter).block_v == 8
+    assert [commit(b, 12, 128, 128, 4).block_v for b in (1, 4, 5, 8, 9, 32)] == [4, 4, 8, 8, 16, 16]
+    assert commit(1, 12, 128, 128, 4, target=interpreter).block_v == 16
+    for flushing in (verify(5, 12, 128, 128, 8, flush=True), verify(9, 12, 128, 128, 4, flush=True)):
+        assert (flushing.design, flushing.block_v, flushing.num_warps) == ("two-kernels", 32, 1)
 
 
 def test_token_loops_take_a_register_budget():
     """Every token loop runs under a budget of 168 registers but the flushing verify on 8 state
     rows up to 64 pairs and the commit on 4 rows from 25 pairs and on 16 past 192."""
     verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
-    assert {verify(b, 12, 128, 128, t).token_max_registers for b in (1, 2, 8) for t in (4, 8)} == {168}
-    assert [verify(b, 12, 128, 128, 4, flush=True).token_max_registers for b in (1, 2, 3, 5, 6, 8)] == [
+    assert {verify(b, 12, 128, 128, t).max_registers for b, t in ((1, 4), (2, 4), (8, 4), (1, 8), (4, 8))} == {168}
+    assert [verify(b, 12, 128, 128, 4, flush=True).max_registers for b in (1, 2, 3, 5, 6, 8)] == [
         168, 168, None, None, 168, 168]
-    assert {verify(b, 12, 128, 128, 8, flush=True).token_max_registers for b in (2, 4)} == {168}
-    budgets = [commit(b, 12, 128, 128, 4).token_max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
+    assert {verify(b, 12, 128, 128, 8, flush=True).max_registers for b in (2, 4)} == {168}
+    budgets = [commit(b, 12, 128, 128, 4).max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
     assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
 
 
-def test_only_stock_verify_loads_state_through_a_descriptor():
-    """Above 1024 (row, head) pairs the stock verify's state kernel loads its blocks through a
-    tensor descriptor, never the flushing one, and never where its tiles do not divide V; the
-    descriptor covers the state's rows in the tiles asked for (on the CPU too)."""
-    config = kernels.launch.verify_config
-    assert config(86, 12, 128, 128, 8).state_descriptor and not config(85, 12, 128, 128, 8).state_descriptor
-    assert not config(256, 12, 128, 128, 8, flush=True).state_descriptor
-    assert not config(256, 12, 128, 96, 8).state_descriptor  # 64-row tiles
+def test_state_descriptor_covers_the_state_rows():
+    """The descriptor covers the state's rows in the tiles asked for (on the CPU too)."""
     state = torch.zeros(3, 2, 64, 32)
     blocks = state_block_descriptor(state, 64, 32, True)
     assert list(blocks.shape) == [3 * 2 * 64, 32] and list(blocks.block_shape) == [64, 32]
@@ -199,23 +168,15 @@ def test_only_stock_verify_and_commit_wait_by_row():
     assert kernels.launch.commit_config(86, 12, 128, 128, 8).wait_by_row
     assert not kernels.launch.verify_config(85, 12, 128, 128, 8).wait_by_row
     assert not kernels.launch.verify_config(256, 12, 128, 128, 8, flush=True).wait_by_row
-    assert kernels.launch.verify_config(256, 12, 128, 128, 8, flush=True).window_release == "end"
+    assert kernels.launch.verify_config(256, 12, 128, 128, 8, flush=True).release == "end"
 
 
-def test_commit_design_follows_pair_count():
-    """K3 per TP8 rank (H=12): one token at a time up to B=32 at T=4 and B=8 at T=8 (never
-    past B=32), on 4 state rows a tile up to B=4, 8 up to B=8, then 16; past that the fold
-    operand once (from B=11)."""
-    rows = [kernels.launch.commit_config(b, 12, 128, 128, 4).token_block_v for b in (1, 4, 5, 8, 9, 32)]
-    assert rows == [4, 4, 8, 8, 16, 16]
-    assert kernels.launch.commit_config(1, 12, 128, 128, 4, compiled=False).token_block_v == 16
-    assert kernels.launch.commit_config(32, 12, 128, 128, 4).token_loop
-    assert not kernels.launch.commit_config(33, 12, 128, 128, 4).token_loop
-    assert kernels.launch.commit_config(8, 12, 128, 128, 8).token_loop
-    assert not kernels.launch.commit_config(9, 12, 128, 128, 8).token_loop
-    assert not kernels.launch.commit_config(33, 12, 128, 128, 1).token_loop
-    assert not kernels.launch.commit_config(10, 12, 128, 128, 8).operand_once
-    assert kernels.launch.commit_config(11, 12, 128, 128, 8).operand_once
+@pytest.mark.parametrize("value, message", [
+    ("verify=fast", "unknown verify design 'fast'"), ("prefill=one-pass", "unknown op 'prefill'")])
+def test_a_bad_forced_design_is_named(monkeypatch, value, message):
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, value)
+    with pytest.raises(ValueError, match=message):
+        kernels.launch.verify_config(1, 1, 16, 16, 1)
 
 
 def output_matches(actual: torch.Tensor, expected: torch.Tensor, state_rounded: bool) -> bool:
@@ -296,8 +257,7 @@ def random_accepted(p: Problem, gen: random.Random) -> torch.Tensor:
 @pytest.mark.parametrize("H,K,V,T,act,state_dtype,lower_bound,with_rec,large", CONFIGS)
 def test_stock_two_rounds_match_reference(device, monkeypatch, designs, H, K, V, T, act, state_dtype,
                                          lower_bound, with_rec, large):
-    use_verify_design(monkeypatch, designs[0])
-    use_commit_design(monkeypatch, designs[1])
+    use_designs(monkeypatch, verify=designs[0], commit=designs[1])
     seed = fresh_seed()
     gen = random.Random(seed)
     p = make_problem(device, H=H, K=K, V=V, T=T, act=act, state_dtype=state_dtype,
@@ -417,15 +377,19 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     assert same_bits(state, settled), "flushing twice folded the window twice"
 
 
-@pytest.mark.parametrize("design, state_dtype", [
-    # long windows: the interpreter takes the 8-row tiles that token-loop-token-by-token runs
-    pytest.param(design, dtype, id=f"{design}-{name}",
-                 marks=[pytest.mark.gpu_only] if design == "token-loop-long-window" else [])
-    for design in FLUSHING_DESIGNS
+FLUSHING_CASES = [
+    pytest.param(design, dtype, 4, id=f"{design}-{name}")
+    for design in kernels.launch.DESIGNS["flush-verify"]
     for dtype, name in ((torch.float32, "fp32-state"), (torch.bfloat16, "bf16-state"))
-    if design != "flush-apart" or dtype == torch.float32])  # apart: two tested kernels in turn
+    if design != "flush-apart" or dtype == torch.float32  # apart: two tested kernels in turn
+] + [  # a long window token by token: the 2-row tiles of the fewest pairs (compiled)
+    pytest.param("token-loop-token-by-token", torch.float32, 8, id="token-loop-token-by-token-T8",
+                 marks=pytest.mark.gpu_only)]
+
+
+@pytest.mark.parametrize("design, state_dtype, T", FLUSHING_CASES)
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, monkeypatch):
+def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, monkeypatch):
     """The fused flush and verify against the reference's flush, then verify: three deferred
     steps (flush-verify, plan, defer), every accept length, null and padding rows, a row
     whose pending records are folded although it has no tokens, NaN in every slot and
@@ -439,10 +403,9 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, mon
         return t.fill_(float("inf")) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", poisoned)
-    use_flushing_design(monkeypatch, design)
+    use_designs(monkeypatch, flush_verify=design)
     seed = fresh_seed()
     gen = random.Random(seed)
-    T = 4
     p = make_problem(device, H=2, K=64, V=32, T=T, act=torch.bfloat16, state_dtype=state_dtype,
                      lower_bound=-5.0, seed=seed)
     rows = p.record_rows()

@@ -1,0 +1,304 @@
+"""Verify, the two-kernel design: the key side once per (row, head), then the state kernel.
+
+1. ``_verify_key_side_kernel``, one program per (row, head), does everything that does not
+   touch the state, in one pass over the key channels: it writes the row's key records, the
+   stacked operand ``[W; P]`` built from the raw keys and queries, the norms that normalise
+   its rows (known only after the last channel, ``row_scale``), and the mixing matrix ``M``
+   (``kernels.verify_window``).
+2. ``_verify_state_kernel``, one program per (V-tile, row, head), reads its state tile once:
+   ``Y = S_0 [W; P]^T`` (scaled by ``row_scale``) and ``[U | O] = [V - S_0 W^T | S_0 P^T] M``.
+
+Both walk the key channels in blocks (the state kernel as a pipelined loop of products), so
+that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many programs
+run per SM with their state reads overlapping. The key side issues a block's loads before
+the previous block's stores (which, for all the compiler knows, may alias them), and the
+state kernel loads its other inputs before its state blocks. At the largest batches the
+stock state kernel loads its state blocks through a tensor descriptor
+(``two-kernels-descriptor``, ``kernels.state_blocks``).
+
+Its flushing form (``FLUSH``): a second key-side program per (row, head) builds the fold
+operand of the row's pending records (``kernels.fold``) before this window's records
+overwrite them, and the state kernel folds each state block with it, stores the block in
+place and takes the window's products from it: a deferred step reads each slot once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.buffers import NULL_BLOCK_ID
+from kernels.dependent_launch import (
+    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
+    signal_row_ready,
+)
+from kernels.flush_plan import store_flush_plan
+from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
+from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
+from kernels.state_blocks import state_block_descriptor
+from kernels.triton_math import record_key_inverse_norms, record_row
+from kernels.verify_window import (
+    VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
+    window_mix, window_row,
+)
+
+
+@triton.jit
+def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr):
+    """Copy the window's raw keys and gates (``[BT, 1]`` row pointers each) into its key
+    records, ``live`` rows only; each block's loads go out before the previous block's stores."""
+    offs = tl.arange(0, BKK)
+    mask_tk = live[:, None] & (offs < K)[None, :]
+    keys = tl.load(k_rows + offs[None, :], mask=mask_tk)
+    gates = tl.load(g_rows + offs[None, :], mask=mask_tk)
+    for k0 in tl.static_range(0, BK, BKK):
+        offs_k = k0 + offs
+        mask_tk = live[:, None] & (offs_k < K)[None, :]
+        if k0 + BKK < BK:
+            mask_next = live[:, None] & (offs_k + BKK < K)[None, :]
+            next_keys = tl.load(k_rows + BKK + offs_k[None, :], mask=mask_next)
+            next_gates = tl.load(g_rows + BKK + offs_k[None, :], mask=mask_next)
+        tl.store(kg_rows + offs_k[None, :], keys, mask=mask_tk)
+        tl.store(kg_rows + K + offs_k[None, :], gates, mask=mask_tk)
+        if k0 + BKK < BK:
+            keys, gates = next_keys, next_gates
+
+
+@triton.jit
+def _verify_key_side_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr, row_ready_ptr,
+    pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
+    H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
+    BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
+    RELEASE: tl.constexpr, BY_ROW: tl.constexpr,
+):
+    """Per (head, row): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
+    ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
+    factor that normalises each operand row) and ``mix [2 BT, 2 BT]``.
+
+    Walks the key channels once, in blocks of ``BKK`` (``A`` and ``C`` are sums over the
+    channels). Gates and decays are ``[BT, BKK]`` tiles; keys and queries are stacked so
+    that ``[A; C]`` is one product.
+
+    With ``FLUSH`` the grid has a second program per (row, head), ``program_id(2) == 1``,
+    that owns the key records: it writes the flush plan's row ``b`` (head 0; the count stays
+    in ``pending`` for the state kernel to consume), the fold operand of the row's pending
+    records (``store_fold_operand``), then overwrites those records with the window's.
+
+    ``RELEASE``: where a program lets the state kernel launch (``kernels.dependent_launch``):
+    ``"start"``, ``"end"`` of its work, or ``"exit"``. With ``BY_ROW`` its last statement
+    counts it in its row's ``row_ready`` counter, which the row's state programs wait for.
+    """
+    await_prior_grid(DEPENDENT)
+    if RELEASE == "start":
+        release_next_grid(DEPENDENT)
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+
+    start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+    if tl.program_id(2) == 1:
+        if FLUSH:
+            owned = (slot > null_block_id) & (rec >= 0)
+            # kda_recoverssm_flush's plan, row b written once (by head 0)
+            pending = store_flush_plan(b, h == 0, slot, tl.load(pending_ptr + rec, mask=owned, other=0),
+                                       commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
+                                       boundary_recovery_lens_ptr, null_block_id, T)
+            offs_t = tl.arange(0, BT)
+            kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+            if pending > 0:
+                pair = (b * H + h).to(tl.int64)
+                store_fold_operand(kg_rows, pending, record_key_inverse_norms(kg_rows, offs_t < pending, K, BK, BKK),
+                                   dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
+                                   fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, 0,
+                                   K, BK, BKK, BT, HAS_LOWER_BOUND)
+                tl.debug_barrier()  # every lane has read the old records before any is overwritten
+            if owned & (length > 0):
+                tok = start + offs_t[:, None]
+                _store_key_records(k_ptr + tok * stride_k_tok + h * K, g_ptr + tok * stride_g_tok + h * K, kg_rows,
+                                   offs_t < length, K, BK, BKK)
+    elif (length > 0) & (slot > null_block_id):
+        offs_t = tl.arange(0, BT)
+        live = offs_t < length
+        tok = start + offs_t[:, None]
+        k_rows = k_ptr + tok * stride_k_tok + h * K
+        q_rows = q_ptr + tok * stride_q_tok + h * K
+        g_rows = g_ptr + tok * stride_g_tok + h * K
+        kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
+        pair = (b * H + h).to(tl.int64)
+        offs_m = tl.arange(0, 2 * BT)
+        live_m = offs_m < length
+        operand_rows = operand_ptr + (pair * 2 * BT + offs_m[:, None]) * K
+
+        A_h = tl.exp(tl.load(A_log_ptr + h))
+        if not FLUSH:  # (flushing, a register held across the loop spills under the key side's cap)
+            beta = window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
+        sum_sq = tl.zeros((2 * BT,), tl.float32)
+        AC = tl.zeros((2 * BT, 2 * BT), tl.float32)
+        k_raw, g_raw, q_raw, dt_bias = load_window_block(k_rows, g_rows, q_rows, dt_bias_ptr + h * K,
+                                                          tl.arange(0, BKK), live, K)
+        for k0 in tl.static_range(0, BK, BKK):
+            offs_k = k0 + tl.arange(0, BKK)
+            mask_k = offs_k < K
+            mask_tk = live[:, None] & mask_k[None, :]
+            # The next block's loads go out before this block's stores (not when flushing, where
+            # the registers they hold would spill under the key side's cap).
+            if k0 + BKK < BK and not FLUSH:
+                k_next, g_next, q_next, dt_bias_next = load_window_block(
+                    k_rows, g_rows, q_rows, dt_bias_ptr + h * K, offs_k + BKK, live, K)
+            if not FLUSH:  # (with FLUSH the other program writes them, once the fold has read the old ones)
+                if rec >= 0:
+                    tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
+                    tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
+            WP, sum_sq, AC = window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
+                                           T, BT, BKK, HAS_LOWER_BOUND, FACTORED, DOT_PRECISION)
+            tl.store(operand_rows + offs_k[None, :], WP, mask=mask_k[None, :])
+            if k0 + BKK < BK:
+                if FLUSH:
+                    k_raw, g_raw, q_raw, dt_bias = load_window_block(
+                        k_rows, g_rows, q_rows, dt_bias_ptr + h * K, offs_k + BKK, live, K)
+                else:
+                    k_raw, g_raw, q_raw, dt_bias = k_next, g_next, q_next, dt_bias_next
+        if FLUSH:
+            beta = window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
+        row_scale, mix = window_mix(AC, sum_sq, beta, K, T, BT, DOT_PRECISION)
+        tl.store(row_scale_ptr + pair * 2 * BT + offs_m, row_scale)
+        tl.store(mix_ptr + (pair * 2 * BT + offs_m[:, None]) * 2 * BT + offs_m[None, :], mix)
+    if RELEASE == "end":
+        release_next_grid(DEPENDENT)
+    signal_row_ready(row_ready_ptr + b, BY_ROW)
+
+
+@triton.jit
+def _verify_state_kernel(
+    v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
+    fold_ptr, decay_ptr, row_ready_ptr, pending_ptr, commit_lens_ptr,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr, state_blocks,
+    stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
+    STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr,
+):
+    """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
+    tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
+    ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
+    then its columns are scaled by ``row_scale``. The blocks are loaded through pointers, or
+    through ``state_blocks`` where that is a tensor descriptor of ``[BV, BKK]`` blocks over the
+    state's rows (``kernels.state_blocks``).
+
+    The window's other inputs (``window_inputs``) are loaded before the state blocks, so
+    that their latency overlaps the products'. With ``FLUSH``, each state block is first
+    folded with the key side's fold operand and stored in place, one program of the row
+    consumes its pending count, and those inputs are loaded after the blocks: held across
+    the fold's loop, they would spill under its register cap.
+
+    With ``BY_ROW`` a program starts once its row's key-side programs (one per head, two
+    with ``FLUSH``) are done, not the whole key side. The launch configuration never asks
+    for it when flushing (``kernels.launch.verify_config``), but the count stays whole."""
+    pid_v = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    PRODUCERS: tl.constexpr = H * (2 if FLUSH else 1)  # the key-side programs of a row
+    await_producers(row_ready_ptr + b, PRODUCERS, DEPENDENT, BY_ROW)
+    release_next_grid(DEPENDENT)
+
+    start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
+
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    offs_c = tl.arange(0, BM)
+    mask_v = offs_v[:, None] < V
+    HALF: tl.constexpr = BM // 2
+    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
+    if FLUSH:
+        pending = tl.load(commit_lens_ptr + b)  # the window kernel's flush plan
+        if (pid_v == 0) & (h == 0) & (slot > null_block_id) & (rec >= 0):
+            tl.store(pending_ptr + rec, 0)  # consumed, after every key-side program has read it
+        active = (length > 0) | (pending > 0)
+    else:
+        active = length > 0
+    if slot > null_block_id:
+        if active:
+            pair = (b * H + h).to(tl.int64)
+            state_rows = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K
+            operand_cols = operand_ptr + (pair * BM + offs_c[None, :]) * K
+            if FLUSH:
+                folding = pending > 0
+                offs_f = tl.arange(0, FOLD_DEPTH)
+                pending_corrections = recorded_corrections(
+                    correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None], offs_f, pending,
+                    mask_v)
+                window_k = tl.where(length > 0, K, 0)  # a row without tokens has no operand written
+            else:
+                window_k = K
+            if not FLUSH:
+                row_scale, mix, values = window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h,
+                                                        offs_v, mask_v, stride_v_tok, V, BM)
+            Y = tl.zeros((BV, BM), tl.float32)
+            for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
+                offs_k = k0 + tl.arange(0, BKK)
+                mask_vk = mask_v & (offs_k < K)[None, :]
+                if state_blocks is None:
+                    S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
+                else:
+                    S = state_blocks.load([((slot * H + h) * V + pid_v * BV).to(tl.int32), k0])
+                if FLUSH:
+                    # the flush's fold of this block (docs: section 6), stored in place; the
+                    # window then runs from the stored (rounded) state, as after a flush
+                    S = fold_state_block(S, pending_corrections, fold_ptr + (pair * HALF + offs_f[:, None]) * K,
+                                         decay_ptr + pair * K, offs_f, offs_k, folding, K, HALF,
+                                         DOT_PRECISION).to(S.dtype)
+                    tl.store(state_rows + offs_k[None, :], S, mask=mask_vk & folding)
+                operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < window_k)[:, None], other=0.0)
+                Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
+            if length > 0:
+                if FLUSH:
+                    row_scale, mix, values = window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h,
+                                                            offs_v, mask_v, stride_v_tok, V, BM)
+                store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h,
+                                      offs_v, mask_v, stride_out_tok, H, V, T, BM, DOT_PRECISION)
+    elif length > 0:
+        store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
+                       V, BM)
+    retire_row_consumer(row_ready_ptr + b, PRODUCERS, tl.num_programs(0) * H, BY_ROW)
+
+
+def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_rows=(None,) * 4) -> None:
+    """The key side, then the state kernel, on ``cfg``'s tiles; flushing with ``pending``
+    counts (and the ``plan_rows`` that receive the flush plan)."""
+    B, H, K, V = call.B, call.H, call.K, call.V
+    flush = pending is not None
+    device = call.v.device
+    f32 = dict(dtype=torch.float32, device=device)
+    operand = torch.empty((B, H, cfg.block_m, K), **f32)
+    row_scale = torch.empty((B, H, cfg.block_m), **f32)
+    mix = torch.empty((B, H, cfg.block_m, cfg.block_m), **f32)
+    fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
+    decay = torch.empty((B, H, K) if flush else (1,), **f32)
+    dependent = dependent_launch(device)
+    row_ready, by_row = row_wait(device, B, cfg.wait_by_row, dependent)
+    q, k, raw_g, raw_beta = call.q, call.k, call.raw_g, call.raw_beta
+    _verify_key_side_kernel[(H, B, 2 if flush else 1)](
+        q, k, raw_g, raw_beta, call.A_log, call.dt_bias, call.lower, call.records.key_gate, operand, row_scale, mix,
+        fold, decay, row_ready, pending, *plan_rows, call.query_start_loc, call.state_indices, call.record_indices,
+        q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
+        BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, RELEASE=cfg.release, BY_ROW=by_row, **call.shape_options(),
+        **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
+    )
+    descriptor = cfg.design == "two-kernels-descriptor"
+    _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
+        call.v, call.state, operand, row_scale, mix, call.records.correction, call.out, fold, decay, row_ready,
+        pending, plan_rows[0], call.query_start_loc, call.state_indices, call.record_indices,
+        state_block_descriptor(call.state, cfg.block_v, cfg.block_kk, descriptor),
+        call.v.stride(1), call.out.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
+        H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
+        FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, BY_ROW=by_row, **dependent, num_warps=cfg.num_warps,
+        num_stages=1, maxnreg=cfg.max_registers,
+    )
