@@ -1,4 +1,4 @@
-"""RecoverSSM commit: fold recorded tokens into checkpoint slots (docs: sections 3 and 6).
+"""RecoverSSM commit: fold recorded tokens into checkpoint slots (docs/design.md §3, §6).
 
 Folding is ``S_n = S_0 exp(G_n) + U F_n`` (``kernels.fold``), whose operand ``F_n`` depends on
 a row's records alone, not on the state. Three designs, chosen by the number of (row, head)
@@ -6,7 +6,7 @@ pairs and the window (``kernels.launch.commit_config``):
 
 - fewest tokens: ``_commit_token_loop_kernel``, one program per (V-tile, row, head), holds a
   whole ``[BV, K]`` state tile and folds the records one token at a time (the recurrence of
-  docs section 2): elementwise work, no product and no operand;
+  docs/design.md §2): elementwise work, no product and no operand;
 - few pairs, one launch: ``_commit_fold_in_tile_kernel``, one program per (V-tile, row, head),
   rebuilds each block of ``F`` from the records beside the state block, in every V-tile;
 - many pairs, two launches: ``_commit_fold_operand_kernel``, one program per (row, head, block of

@@ -1,4 +1,4 @@
-"""A flush's plan row (docs: section 7): fold a row's pending count of records into its own
+"""A flush's plan row (docs/design.md §7): fold a row's pending count of records into its own
 slot in place, with no boundary slot. Shared by the flush plan kernel and the kernels that
 plan a flush themselves, so that every flush plans its rows alike."""
 

@@ -1,4 +1,4 @@
-"""The commit's fold (docs: section 6) in two halves, shared by the commit and the flushing verify.
+"""The commit's fold (docs/design.md §3) in two halves, shared by the commit and the flushing verify.
 
 Folding a record row's first ``n`` tokens into a state ``S_0 [V, K]`` is one product: with
 ``g`` the log decays and ``k^`` the normalised keys rebuilt from the raw records, and
@@ -17,7 +17,7 @@ Every exponent is a sum of log decays, so every factor is <= 1 whatever the gate
    split-precision product, with ``U`` from ``recorded_corrections`` once per state tile.
 
 Kernels that hold a whole state tile and step token by token fold instead one recorded token
-at a time (``fold_recorded_token``, the recurrence of docs section 2).
+at a time (``fold_recorded_token``, the recurrence of docs/design.md §2).
 
 Records past ``n`` are masked out before they are read (by ``fold_recorded_token``, where its
 caller reads them all, before they reach the state), so NaN there is inert.

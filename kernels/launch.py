@@ -3,8 +3,8 @@
 The whole choice is the decision table of this module (``_VERIFY_RULES``, ``_FLUSH_VERIFY_RULES``,
 ``_COMMIT_RULES``: the first rule that holds picks the design), then one function per op for
 the tiles of the chosen design. Every number carries one line saying why; the measurements
-behind them are in ``benchmarks/NOTES.md`` and the map in prose in ``docs/design.md``
-(section 9). Shapes only, never values: a choice never needs a host synchronisation.
+behind them are in ``benchmarks/NOTES.md``, the map in prose in docs/design.md §9. Shapes
+only, never values: a choice never needs a host synchronisation.
 
 ``KDA_DESIGN`` forces designs: ``KDA_DESIGN=verify=one-pass,commit=fold-in-tile`` (ops and
 designs in ``DESIGNS``). It is read here only (``forced_design``); tests and benchmark
@@ -31,7 +31,7 @@ DESIGNS = {
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
 }
-"""Every design of each op (``docs/design.md``, section 9, says what each one is)."""
+"""Every design of each op (docs/design.md §9 says what each one is)."""
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 _TUNED_SM_COUNT = 132  # the H200 the thresholds below were measured on

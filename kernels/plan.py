@@ -33,7 +33,7 @@ def _commit_plan_kernel(
     SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr, DEFER: tl.constexpr,
     HAS_EAGER: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    """``BLOCK`` rows a program: the stock plan (docs: section 6); with ``DEFER``, then
+    """``BLOCK`` rows a program: the stock plan (docs/design.md §6); with ``DEFER``, then
     ``defer_rows`` on it, as ``_defer_commit_kernel`` would after it."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
@@ -73,7 +73,7 @@ def _commit_plan_kernel(
 @triton.jit
 def defer_rows(rows, in_batch, slot, commit_lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
                HAS_EAGER: tl.constexpr):
-    """Defer the planned ``commit_lens`` of batch rows ``rows`` (docs: section 7): rows with a
+    """Defer the planned ``commit_lens`` of batch rows ``rows`` (docs/design.md §7): rows with a
     real ``slot`` and a record row move them into ``pending`` (or clear it where ``eager``).
     Returns where they moved: those rows now commit nothing."""
     row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)

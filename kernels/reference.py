@@ -1,6 +1,6 @@
 """Torch reference of every RecoverSSM op: the oracle for tests and the source of traces.
 
-It applies the recurrence token by token (docs: section 2), vectorised over rows and heads,
+It applies the recurrence token by token (docs/design.md §2), vectorised over rows and heads,
 on any device. Arithmetic runs in float64 when the checkpoint pool is float64 and in
 float32 otherwise; results are stored in each buffer's own dtype. Signatures, argument
 checks and the null, padding and plan rules are those of the Triton implementation.
@@ -91,7 +91,7 @@ def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
 
 def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
                         block_table=None, num_computed=None, block_size=None) -> CommitPlan:
-    """Fill ``plan`` for a stock commit (docs: section 6); align mode when a block table is given."""
+    """Fill ``plan`` for a stock commit (docs/design.md §6); align mode when a block table is given."""
     B = check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
                         block_table, num_computed, block_size)
     rows = plan.rows(B)
@@ -123,7 +123,7 @@ def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_i
 
 
 def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, eager=None) -> None:
-    """Move the plan's commit lengths into ``pending`` for rows that are not eager (section 7)."""
+    """Move the plan's commit lengths into ``pending`` for rows that are not eager (docs/design.md §7)."""
     B = check_pending_args(state_indices, record_rows, pending, plan, eager)
     rows = plan.rows(B)
     for b in range(B):
@@ -140,7 +140,7 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
 def kda_recoverssm_plan_deferred(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
                                  record_rows, pending, eager=None, block_table=None, num_computed=None,
                                  block_size=None) -> CommitPlan:
-    """``kda_recoverssm_plan``, then ``kda_recoverssm_defer`` (section 7)."""
+    """``kda_recoverssm_plan``, then ``kda_recoverssm_defer`` (docs/design.md §7)."""
     check_pending_args(state_indices, record_rows, pending, plan, eager)  # before either writes
     rows = kda_recoverssm_plan(plan, num_accepted, query_start_loc, state_indices, spec_query_len, block_table,
                                num_computed, block_size)
@@ -204,7 +204,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
 
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
                          state_indices, record_rows, pending, plan: CommitPlan) -> None:
-    """Fold every pending replay into its slot in place and consume its count (section 7)."""
+    """Fold every pending replay into its slot in place and consume its count (docs/design.md §7)."""
     _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)

@@ -2,7 +2,7 @@
 along with the record-row lookup.
 
 A gate or normalisation that differs by one rounding between verify and commit leaves
-outputs right and committed states drifting (docs: section 3), so neither kernel spells
+outputs right and committed states drifting (docs/design.md §2), so neither kernel spells
 these formulas out itself. Kernels walk the key channels in column blocks: window tiles are
 ``[BT, BKK]``, one row per token and one column per key channel of the block; the norm of
 a token's key is summed over all blocks first (``sum_of_squares``). All arithmetic is float32.
@@ -37,7 +37,7 @@ def sum_of_squares(x):
 
 @triton.jit
 def inverse_norm(row_sum_of_squares):
-    """``rsqrt(sum(x^2) + eps)``: the factor that L2-normalises a row (docs: section 2)."""
+    """``rsqrt(sum(x^2) + eps)``: the factor that L2-normalises a row (docs/design.md §2)."""
     return tl.rsqrt(row_sum_of_squares + NORM_EPS)
 
 
@@ -69,7 +69,7 @@ def token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND: 
 
 @triton.jit
 def token_queries(q_raw, K: tl.constexpr):
-    """Normalised queries scaled by ``K ** -0.5`` (docs: section 2) of whole tokens, one token a
+    """Normalised queries scaled by ``K ** -0.5`` (docs/design.md §2) of whole tokens, one token a
     row (``[BK]`` or ``[BT, BK]``, over every key channel, masked entries 0): the query's
     counterpart of ``token_key_and_decay``."""
     x = q_raw.to(tl.float32)

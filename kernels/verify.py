@@ -1,6 +1,6 @@
 """RecoverSSM verify: a speculative window run from a read-only checkpoint, and its flushing form.
 
-Three designs, one module each, chosen by ``kernels.launch`` (``docs/design.md``, section 9):
+Three designs, one module each, chosen by ``kernels.launch`` (docs/design.md §9):
 
 - ``kernels.verify_token_loop``: the window one token at a time on a state tile held in
   registers, for the fewest tokens;
@@ -61,7 +61,7 @@ def _call(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_stat
 def kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
                           records: KDARecoverSSMRecords, query_start_loc, state_indices, spec_query_len,
                           out=None, record_indices=None):
-    """Verify a speculative batch (docs: sections 4 and 5); returns ``out`` ``[1, T_tot, H, V]``.
+    """Verify a speculative batch (docs/design.md §4, §5); returns ``out`` ``[1, T_tot, H, V]``.
 
     Writes the in-window outputs of every row (zeros for null rows) and, for rows with a
     real slot, the records of each in-window token at record row ``record_indices[b]``
@@ -82,7 +82,7 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
                                 records: KDARecoverSSMRecords, query_start_loc, state_indices, spec_query_len,
                                 record_rows, pending, plan: CommitPlan, out=None):
     """``kda_recoverssm_flush`` then ``kda_recoverssm_verify(..., record_indices=record_rows)``
-    (docs: section 7) with one read of each state tile: the state kernel folds a row's
+    (docs/design.md §7) with one read of each state tile: the state kernel folds a row's
     pending records into its tile, stores it in place and runs the window from it (for the
     fewest pairs, ``flush_apart``: the flush's fold, then verify, which consumes the counts).
     ``plan`` receives the flush plan; every pending count is consumed once."""

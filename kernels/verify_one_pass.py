@@ -1,6 +1,6 @@
 """Verify, the one-pass design: one kernel, each V-tile building the window's operands itself.
 
-For few (row, head) pairs (``docs/design.md`` section 9): one program per (V-tile, row, head)
+For few (row, head) pairs (docs/design.md §9): one program per (V-tile, row, head)
 builds each block of ``[W; P]``, ``A`` and ``C`` (``kernels.verify_window``) and takes its
 product with the state block in the same pass, then ``mix`` and the outputs. Every V-tile
 repeats the key side's work, which costs less there than a second kernel's wait.

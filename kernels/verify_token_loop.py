@@ -1,7 +1,7 @@
 """Verify, the token-loop design: the window one token at a time on a state tile held in registers.
 
-For the fewest tokens (``kernels.launch``, ``docs/design.md`` section 9): each program holds a
-whole ``[BV, K]`` state tile and runs the recurrence of ``docs/design.md`` section 2, two row
+For the fewest tokens (``kernels.launch``, docs/design.md §9): each program holds a
+whole ``[BV, K]`` state tile and runs the recurrence of docs/design.md §2, two row
 reductions a token and an elementwise update, with no matrix products and no operands to
 build, so a program's chain is short where that chain is the whole time.
 
@@ -43,7 +43,7 @@ def _verify_token_loop_kernel(
     DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
-    the window one token at a time (docs: section 2): two row reductions a token (the
+    the window one token at a time (docs/design.md §2): two row reductions a token (the
     correction's ``S k^``, the output's ``S q^``) and an elementwise ``recurrence_step``, for
     few (row, head) pairs, where each program's chain sets the time. ``BT``: the window
     rounded up to a power of two.

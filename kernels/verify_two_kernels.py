@@ -248,7 +248,7 @@ def _verify_state_kernel(
                 else:
                     S = state_blocks.load([((slot * H + h) * V + pid_v * BV).to(tl.int32), k0])
                 if FLUSH:
-                    # the flush's fold of this block (docs: section 6), stored in place; the
+                    # the flush's fold of this block (docs/design.md §7), stored in place; the
                     # window then runs from the stored (rounded) state, as after a flush
                     S = fold_state_block(S, pending_corrections, fold_ptr + (pair * HALF + offs_f[:, None]) * K,
                                          decay_ptr + pair * K, offs_f, offs_k, folding, K, HALF,

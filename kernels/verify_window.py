@@ -1,6 +1,6 @@
 """What the verify designs share: the call's arguments, and the Triton helpers of the window.
 
-The window's matrix form (``docs/design.md``, section 3), with ``G`` the cumulative log
+The window's matrix form (docs/design.md §3), with ``G`` the cumulative log
 decay over the window and ``k^``, ``q^`` the normalised keys and queries (``[T, K]`` tiles):
 
     W = exp(G) * k^,  P = exp(G) * q^

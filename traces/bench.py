@@ -47,7 +47,7 @@ the median per-call time, its 10th and 90th percentiles and the number of sample
 device-to-device copy of a large buffer (bytes read plus written over its median time) is
 measured in the same run and every row's GB/s is also given as a fraction of it.
 
-Bytes per call come from the tensor contract (docs: section 4) for the workload's actual
+Bytes per call come from the tensor contract (docs/design.md §4) for the workload's actual
 accepted counts: see ``verify_bytes``, ``commit_bytes``, ``plan_bytes``, ``defer_bytes``,
 ``flush_bytes``, ``flush_verify_bytes``. Index and plan tensors are counted in the integer
 ops (plan, defer, the flush's plan) and left out of verify and commit, where they are below
@@ -341,7 +341,7 @@ class Workload:
         self.records = impl.allocate_records(n_sets * B, H, T, K, V, act, device)
         self.records.correction.copy_(randn(*self.records.correction.shape, dtype=torch.float32, scale=0.1))
         self.records.key_gate.copy_(randn(*self.records.key_gate.shape, dtype=act))
-        # Stock plan (docs: section 6) for real rows: fold n in place, no boundary.
+        # Stock plan (docs/design.md §6) for real rows: fold n in place, no boundary.
         folds = (self.num_accepted > 0).to(torch.int32)
         self.pristine_plan = torch.stack([self.num_accepted * folds, self.slots * folds,
                                           torch.zeros_like(self.slots), torch.zeros_like(self.slots)])

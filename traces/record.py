@@ -452,7 +452,7 @@ def _rows_or_default(record_indices, state_indices) -> torch.Tensor:
 
 
 def written_slots(plan, state_indices, record_rows) -> torch.Tensor:
-    """Distinct slots a commit with this plan writes (docs: section 6), in row order (int64, CPU)."""
+    """Distinct slots a commit with this plan writes (docs/design.md §6), in row order (int64, CPU)."""
     B = state_indices.shape[0]
     n = plan.commit_lens[:B].cpu().long()
     slots, rows = state_indices.reshape(-1).cpu().long(), record_rows.reshape(-1).cpu().long()

@@ -279,7 +279,7 @@ class _Simulation:
         return n
 
     def commit_targets(self, slots: torch.Tensor, rec: torch.Tensor | None, batch: int) -> list[int]:
-        """Slots the coming commit writes, read from the plan (docs: section 6)."""
+        """Slots the coming commit writes, read from the plan (docs/design.md §6)."""
         p = self.plan.rows(batch)
         rec_rows = rec if rec is not None else torch.arange(batch)
         targets: list[int] = []
