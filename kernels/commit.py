@@ -29,8 +29,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
 from kernels.dependent_launch import (
-    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
-    signal_row_ready,
+    await_prior_grid, dependent_launch, release_next_grid,
 )
 from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
@@ -211,18 +210,16 @@ def _commit_token_loop_kernel(
 
 @triton.jit
 def _commit_fold_operand_kernel(
-    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr, row_ready_ptr,
+    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
-    BY_ROW: tl.constexpr,
 ):
     """Per (block of ``BKK`` key channels, head, row): operand 0 folds the commit length,
     operand 1 (boundary rows only) the recovery length. Operand ``o`` of pair ``p`` is at
-    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``. With
-    ``BY_ROW`` its last statement counts it in its row's ``row_ready`` counter."""
+    ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     part = tl.program_id(0)
@@ -246,28 +243,25 @@ def _commit_fold_operand_kernel(
             store_fold_operand(kg_rows, recovery, key_inverse_norm, dt_bias_row, A_h, lower_bound,
                                fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, part * BKK,
                                K, BKK, BKK, BT, HAS_LOWER_BOUND)
-    signal_row_ready(row_ready_ptr + b, BY_ROW)
 
 
 @triton.jit
 def _commit_fold_state_kernel(
-    state_ptr, correction_ptr, fold_ptr, decay_ptr, row_ready_ptr,
+    state_ptr, correction_ptr, fold_ptr, decay_ptr,
     state_indices_ptr, record_indices_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    stride_state_indices, null_block_id, operand_stride, operand_parts,
+    stride_state_indices, null_block_id, operand_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    """Per (V-tile, head, row): the operands of ``_commit_fold_operand_kernel`` applied to each block.
-    With ``BY_ROW`` a program starts once its row's ``operand_parts * H`` operand programs
-    are done, not the whole operand kernel."""
+    """Per (V-tile, head, row): the operands of ``_commit_fold_operand_kernel`` applied to each block."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    await_producers(row_ready_ptr + b, operand_parts * H, DEPENDENT, BY_ROW)
-    release_next_grid(DEPENDENT)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
         commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
         boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
@@ -306,7 +300,6 @@ def _commit_fold_state_kernel(
                 folded = fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, True, K, BT,
                                           DOT_PRECISION)
                 tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_vk)
-    retire_row_consumer(row_ready_ptr + b, operand_parts * H, tl.num_programs(0) * H, BY_ROW)
 
 
 def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
@@ -345,18 +338,16 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     # operand 0: the commit length; 1: the recovery length
     fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
     decay = torch.empty((2, B, H, K), **f32)
-    row_ready, by_row = row_wait(checkpoint_state.device, B, cfg.wait_by_row, dependent)
     _commit_fold_operand_kernel[(parts, H, B)](
-        records.key_gate, A_log, dt_bias, lower, fold, decay, row_ready, state_indices, record_indices,
+        records.key_gate, A_log, dt_bias, lower, fold, decay, state_indices, record_indices,
         *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
-        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, BY_ROW=by_row,
-        **dependent, num_warps=1, num_stages=1,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, **dependent,
+        num_warps=1, num_stages=1,
     )
     _commit_fold_state_kernel[state_grid](
-        checkpoint_state, records.correction, fold, decay, row_ready, state_indices, record_indices, *plan_rows,
-        state_indices.stride(0), NULL_BLOCK_ID, B * H, parts, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth,
-        BY_ROW=by_row, **args,
+        checkpoint_state, records.correction, fold, decay, state_indices, record_indices, *plan_rows,
+        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
     )
 
 

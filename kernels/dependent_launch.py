@@ -13,19 +13,8 @@ So no kernel touches memory before every earlier kernel in the stream is done (e
 ahead waited in turn): only the launch latency and the ramp of each grid are hidden, never
 an ordering. Without ``DEPENDENT`` both are no-ops.
 
-One exception, a finer ordering: a kernel whose programs each need one batch row of the
-kernel ahead (a state kernel after the programs that build its operands: verify's key side,
-the commit's fold operands) may wait for that row alone (``BY_ROW``): ``await_producers``
-polls a counter that each producer program of the row bumps last (``signal_row_ready``),
-instead of ``await_prior_grid``. Its programs launch only once every producer program has released,
-so each producer they wait for is already running (no deadlock); every producer waited for
-the kernel ahead of it, so those writes are visible too. The counters come from
-``row_counters``; the last consumer of a row to finish resets its counter
-(``retire_row_consumer``), so they are zero again before the consumer kernel completes, and
-so before the next producer kernel on the stream touches them.
-
-The same counters elect, within one kernel, the last of a group of programs to arrive
-(``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid
+Counters (``row_counters``) elect, within one kernel, the last of a group of programs to
+arrive (``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid
 whose programs all read a buffer that one of them must then overwrite leaves the overwrite
 to the last reader, with no program waiting on another.
 
@@ -56,9 +45,9 @@ _row_counters: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def row_counters(device: torch.device, rows: int) -> torch.Tensor:
-    """At least ``rows`` int32 counters for ``signal_row_ready`` and ``await_producers``, zero
-    between launches, one set per device and stream: launches on one stream run one after
-    another, so they never share a counter in flight. Allocated (zeroed) on first use and
+    """At least ``rows`` int32 counters for ``arrive``, zero between launches, one set per
+    device and stream: launches on one stream run one after another, so they never share a
+    counter in flight. Allocated (zeroed) on first use and
     when a larger batch comes; kept for later launches."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
@@ -67,14 +56,6 @@ def row_counters(device: torch.device, rows: int) -> torch.Tensor:
         counters = torch.zeros(max(rows, 256), dtype=torch.int32, device=device)
         _row_counters[key] = counters
     return counters
-
-
-def row_wait(device: torch.device, rows: int, wait_by_row: bool,
-             dependent: dict[str, bool]) -> tuple[torch.Tensor, bool]:
-    """A producer and consumer launch pair's ``row_counters`` and ``BY_ROW``: waiting by row
-    where the configuration asks for it (``wait_by_row``) and only under dependent launch
-    (``dependent``, from ``dependent_launch``)."""
-    return row_counters(device, rows), dependent["DEPENDENT"] and wait_by_row
 
 
 @triton.jit
@@ -90,38 +71,6 @@ def release_next_grid(DEPENDENT: tl.constexpr):
     or exited; only after ``await_prior_grid``."""
     if DEPENDENT:
         gdc_launch_dependents()
-
-
-@triton.jit
-def signal_row_ready(counter_ptr, BY_ROW: tl.constexpr):
-    """A producer program's last statement when its consumers wait by row (``BY_ROW``, only
-    under dependent launch): every store of its program done, count it in its row's counter
-    (release, GPU scope)."""
-    if BY_ROW:
-        tl.debug_barrier()
-        tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _pause(seen):
-    """Sleep about 200 ns (``nanosleep``) after reading ``seen``: a waiting program leaves the
-    issue slots and the L2 to the programs it waits for."""
-    tl.inline_asm_elementwise("nanosleep.u32 200; mov.b32 $0, $1;", "=r,r", [seen], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def await_producers(counter_ptr, producers, DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr):
-    """A consumer program's first statement: with ``BY_ROW``, wait until all ``producers``
-    of its row have signalled, their writes visible (acquire, GPU scope); otherwise
-    ``await_prior_grid``."""
-    if BY_ROW:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")  # a load
-        while seen < producers:
-            _pause(seen)
-            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    else:
-        await_prior_grid(DEPENDENT)
 
 
 @triton.jit
@@ -157,12 +106,3 @@ def arrived_last(count_before, arrivals, counter_ptr, present):
     last = present & (tl.max(tl.where(lane == 0, count_before, -1), axis=0) == arrivals - 1)
     tl.store(counter_ptr, 0, mask=last)
     return last
-
-
-@triton.jit
-def retire_row_consumer(counter_ptr, producers, consumers, BY_ROW: tl.constexpr):
-    """A consumer program's last statement with ``BY_ROW``: count it in its row's counter;
-    the last of the row's ``consumers`` resets the counter to 0."""
-    if BY_ROW:
-        if tl.atomic_add(counter_ptr, 1, sem="relaxed", scope="gpu") == producers + consumers - 1:
-            tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")

@@ -177,8 +177,7 @@ class VerifyConfig:
     compiler's choice) of the program that reads the state; ``key_side_warps`` and
     ``key_side_max_registers`` of the two kernels' key side; ``release``: where a key-side
     program lets the state kernel launch (``"start"``, ``"end"`` or ``"exit"``,
-    ``kernels.dependent_launch``); ``wait_by_row``: a state program waits for its row's key
-    side only."""
+    ``kernels.dependent_launch``)."""
 
     design: str
     block_k: int
@@ -192,7 +191,6 @@ class VerifyConfig:
     key_side_warps: int
     key_side_max_registers: int | None
     release: str
-    wait_by_row: bool
 
     @property
     def block_m(self) -> int:
@@ -214,7 +212,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     window = triton.next_power_of_2(spec_query_len)
     common = dict(design=design, block_k=block_k, block_kk=min(32, block_k), stages=3,
-                  key_side_warps=1, key_side_max_registers=None, release="exit", wait_by_row=False)
+                  key_side_warps=1, key_side_max_registers=None, release="exit")
     if design.startswith("token-loop") or design == "flush-apart":
         rows, at_once = _token_loop_tile(key, design, flush)
         return VerifyConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)), block_t=window,
@@ -231,13 +229,12 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         return VerifyConfig(block_t=block_t, window_at_once=True, max_registers=168,
                             **narrow, **{**common, "key_side_max_registers": 128, "release": "end",
                                          "key_side_warps": _key_side_warps(key)})
-    wait_by_row = key.pairs > 1024  # many rows: each row's state programs start as its own key side ends
     return VerifyConfig(
         block_v=_verify_state_rows(key), block_t=block_t, window_at_once=True, num_warps=2, max_registers=None,
-        **{**common, "key_side_warps": _key_side_warps(key), "wait_by_row": wait_by_row,
+        **{**common, "key_side_warps": _key_side_warps(key),
            # released at its start the state programs sit beside a few key-side chains; with
            # many, they would hold the SMs the key side needs
-           "release": "start" if wait_by_row or key.pairs <= 256 else "exit"})
+           "release": "start" if key.pairs <= 256 else "exit"})
 
 
 def _key_side_warps(key: Key) -> int:
@@ -275,8 +272,7 @@ class CommitConfig:
     padded; ``block_v``: state rows per program; ``block_t``: token rows of the fold operand;
     ``block_kk``: state columns per step, ``boundary_block_kk`` on rows that also write a
     boundary slot; ``operand_block_k``: key channels per fold-operand program; ``num_warps``,
-    ``stages``, ``max_registers`` of the state programs; ``wait_by_row``: a state program
-    waits for its row's fold operands only."""
+    ``stages``, ``max_registers`` of the state programs."""
 
     design: str
     block_k: int
@@ -288,7 +284,6 @@ class CommitConfig:
     num_warps: int
     stages: int
     max_registers: int | None
-    wait_by_row: bool
 
     @property
     def fold_depth(self) -> int:
@@ -306,7 +301,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     common = dict(design=design, block_k=block_k, block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),
                   block_kk=min(32, block_k), boundary_block_kk=min(_DOT_MIN, block_k),
                   operand_block_k=min(64 if design == "fold-operand-once-wide" else 32, block_k),
-                  num_warps=1, stages=3, wait_by_row=key.pairs > 1024)
+                  num_warps=1, stages=3)
     if design == "token-loop":
         rows = _commit_token_rows(key)
         return CommitConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)),

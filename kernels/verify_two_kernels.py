@@ -30,8 +30,7 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID
 from kernels.dependent_launch import (
-    await_prior_grid, await_producers, dependent_launch, release_next_grid, retire_row_consumer, row_wait,
-    signal_row_ready,
+    await_prior_grid, dependent_launch, release_next_grid,
 )
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
@@ -68,14 +67,14 @@ def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.co
 @triton.jit
 def _verify_key_side_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr, row_ready_ptr,
+    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr,
     pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
-    RELEASE: tl.constexpr, BY_ROW: tl.constexpr,
+    RELEASE: tl.constexpr,
 ):
     """Per (head, row): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
     ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
@@ -91,8 +90,7 @@ def _verify_key_side_kernel(
     records (``store_fold_operand``), then overwrites those records with the window's.
 
     ``RELEASE``: where a program lets the state kernel launch (``kernels.dependent_launch``):
-    ``"start"``, ``"end"`` of its work, or ``"exit"``. With ``BY_ROW`` its last statement
-    counts it in its row's ``row_ready`` counter, which the row's state programs wait for.
+    ``"start"``, ``"end"`` of its work, or ``"exit"``.
     """
     await_prior_grid(DEPENDENT)
     if RELEASE == "start":
@@ -171,19 +169,18 @@ def _verify_key_side_kernel(
         tl.store(mix_ptr + (pair * 2 * BT + offs_m[:, None]) * 2 * BT + offs_m[None, :], mix)
     if RELEASE == "end":
         release_next_grid(DEPENDENT)
-    signal_row_ready(row_ready_ptr + b, BY_ROW)
 
 
 @triton.jit
 def _verify_state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
-    fold_ptr, decay_ptr, row_ready_ptr, pending_ptr, commit_lens_ptr,
+    fold_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr, state_blocks,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
     STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DEPENDENT: tl.constexpr, BY_ROW: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
@@ -196,17 +193,12 @@ def _verify_state_kernel(
     that their latency overlaps the products'. With ``FLUSH``, each state block is first
     folded with the key side's fold operand and stored in place, one program of the row
     consumes its pending count, and those inputs are loaded after the blocks: held across
-    the fold's loop, they would spill under its register cap.
-
-    With ``BY_ROW`` a program starts once its row's key-side programs (one per head, two
-    with ``FLUSH``) are done, not the whole key side. The launch configuration never asks
-    for it when flushing (``kernels.launch.verify_config``), but the count stays whole."""
+    the fold's loop, they would spill under its register cap."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    PRODUCERS: tl.constexpr = H * (2 if FLUSH else 1)  # the key-side programs of a row
-    await_producers(row_ready_ptr + b, PRODUCERS, DEPENDENT, BY_ROW)
-    release_next_grid(DEPENDENT)
 
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
 
@@ -265,7 +257,6 @@ def _verify_state_kernel(
     elif length > 0:
         store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
                        V, BM)
-    retire_row_consumer(row_ready_ptr + b, PRODUCERS, tl.num_programs(0) * H, BY_ROW)
 
 
 def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_rows=(None,) * 4) -> None:
@@ -281,24 +272,23 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     dependent = dependent_launch(device)
-    row_ready, by_row = row_wait(device, B, cfg.wait_by_row, dependent)
     q, k, raw_g, raw_beta = call.q, call.k, call.raw_g, call.raw_beta
     _verify_key_side_kernel[(H, B, 2 if flush else 1)](
         q, k, raw_g, raw_beta, call.A_log, call.dt_bias, call.lower, call.records.key_gate, operand, row_scale, mix,
-        fold, decay, row_ready, pending, *plan_rows, call.query_start_loc, call.state_indices, call.record_indices,
+        fold, decay, pending, *plan_rows, call.query_start_loc, call.state_indices, call.record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
         BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
-        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, RELEASE=cfg.release, BY_ROW=by_row, **call.shape_options(),
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, RELEASE=cfg.release, **call.shape_options(),
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
     descriptor = cfg.design == "two-kernels-descriptor"
     _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
-        call.v, call.state, operand, row_scale, mix, call.records.correction, call.out, fold, decay, row_ready,
-        pending, plan_rows[0], call.query_start_loc, call.state_indices, call.record_indices,
+        call.v, call.state, operand, row_scale, mix, call.records.correction, call.out, fold, decay, pending,
+        plan_rows[0], call.query_start_loc, call.state_indices, call.record_indices,
         state_block_descriptor(call.state, cfg.block_v, cfg.block_kk, descriptor),
         call.v.stride(1), call.out.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
-        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, BY_ROW=by_row, **dependent, num_warps=cfg.num_warps,
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps,
         num_stages=1, maxnreg=cfg.max_registers,
     )
