@@ -175,9 +175,7 @@ class VerifyConfig:
     designs; ``window_at_once``: a token loop reads the window's inputs at once, not token by
     token; ``num_warps``, ``stages`` (loads in flight), ``max_registers`` (``None``: the
     compiler's choice) of the program that reads the state; ``key_side_warps`` and
-    ``key_side_max_registers`` of the two kernels' key side; ``release``: where a key-side
-    program lets the state kernel launch (``"start"``, ``"end"`` or ``"exit"``,
-    ``kernels.dependent_launch``)."""
+    ``key_side_max_registers`` of the two kernels' key side."""
 
     design: str
     block_k: int
@@ -190,7 +188,6 @@ class VerifyConfig:
     max_registers: int | None
     key_side_warps: int
     key_side_max_registers: int | None
-    release: str
 
     @property
     def block_m(self) -> int:
@@ -212,7 +209,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     window = triton.next_power_of_2(spec_query_len)
     common = dict(design=design, block_k=block_k, block_kk=min(32, block_k), stages=3,
-                  key_side_warps=1, key_side_max_registers=None, release="exit")
+                  key_side_warps=1, key_side_max_registers=None)
     if design.startswith("token-loop") or design == "flush-apart":
         rows, at_once = _token_loop_tile(key, design, flush)
         return VerifyConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)), block_t=window,
@@ -224,17 +221,11 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         narrow = dict(block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))), num_warps=1)
         if design == "one-pass":
             return VerifyConfig(block_t=block_t, window_at_once=True, max_registers=None, **narrow, **common)
-        # flushing two kernels: capped, more of the fold's state programs are resident; the key
-        # side's release after its work (early, its programs share the SMs with the fold's)
-        return VerifyConfig(block_t=block_t, window_at_once=True, max_registers=168,
-                            **narrow, **{**common, "key_side_max_registers": 128, "release": "end",
-                                         "key_side_warps": _key_side_warps(key)})
-    return VerifyConfig(
-        block_v=_verify_state_rows(key), block_t=block_t, window_at_once=True, num_warps=2, max_registers=None,
-        **{**common, "key_side_warps": _key_side_warps(key),
-           # released at its start the state programs sit beside a few key-side chains; with
-           # many, they would hold the SMs the key side needs
-           "release": "start" if key.pairs <= 256 else "exit"})
+        # flushing two kernels: capped, more of the fold's state programs are resident
+        return VerifyConfig(block_t=block_t, window_at_once=True, max_registers=168, **narrow,
+                            **{**common, "key_side_max_registers": 128, "key_side_warps": _key_side_warps(key)})
+    return VerifyConfig(block_v=_verify_state_rows(key), block_t=block_t, window_at_once=True, num_warps=2,
+                        max_registers=None, **{**common, "key_side_warps": _key_side_warps(key)})
 
 
 def _key_side_warps(key: Key) -> int:

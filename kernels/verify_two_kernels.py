@@ -74,7 +74,6 @@ def _verify_key_side_kernel(
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
-    RELEASE: tl.constexpr,
 ):
     """Per (head, row): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
     ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
@@ -89,12 +88,10 @@ def _verify_key_side_kernel(
     in ``pending`` for the state kernel to consume), the fold operand of the row's pending
     records (``store_fold_operand``), then overwrites those records with the window's.
 
-    ``RELEASE``: where a program lets the state kernel launch (``kernels.dependent_launch``):
-    ``"start"``, ``"end"`` of its work, or ``"exit"``.
+    It never releases the state kernel early (``kernels.dependent_launch``): that launches as
+    the key side's programs exit.
     """
     await_prior_grid(DEPENDENT)
-    if RELEASE == "start":
-        release_next_grid(DEPENDENT)
     h = tl.program_id(0)
     b = tl.program_id(1)
 
@@ -167,8 +164,6 @@ def _verify_key_side_kernel(
         row_scale, mix = window_mix(AC, sum_sq, beta, K, T, BT, DOT_PRECISION)
         tl.store(row_scale_ptr + pair * 2 * BT + offs_m, row_scale)
         tl.store(mix_ptr + (pair * 2 * BT + offs_m[:, None]) * 2 * BT + offs_m[None, :], mix)
-    if RELEASE == "end":
-        release_next_grid(DEPENDENT)
 
 
 @triton.jit
@@ -278,7 +273,7 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
         fold, decay, pending, *plan_rows, call.query_start_loc, call.state_indices, call.record_indices,
         q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
         BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
-        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, RELEASE=cfg.release, **call.shape_options(),
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
     descriptor = cfg.design == "two-kernels-descriptor"

@@ -161,14 +161,6 @@ def test_state_descriptor_covers_the_state_rows():
     assert state_block_descriptor(state, 64, 32, False) is None
 
 
-def test_flushing_key_side_releases_at_its_end():
-    """The flushing key side lets the state kernel launch at its end; the stock one at its
-    start while its programs are few (up to 256 pairs), else as they exit."""
-    verify = kernels.launch.verify_config
-    assert [verify(b, 12, 128, 128, 8, flush=True).release for b in (16, 256)] == ["end", "end"]
-    assert [verify(b, 12, 128, 128, 8).release for b in (21, 22, 256)] == ["start", "exit", "exit"]
-
-
 @pytest.mark.parametrize("value, message", [
     ("verify=fast", "unknown verify design 'fast'"), ("prefill=one-pass", "unknown op 'prefill'")])
 def test_a_bad_forced_design_is_named(monkeypatch, value, message):
