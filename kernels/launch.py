@@ -27,7 +27,7 @@ DOT_PRECISION = "tf32x3"
 DESIGN_ENV = "KDA_DESIGN"
 
 DESIGNS = {
-    "verify": ("token-loop", "one-pass", "two-kernels", "two-kernels-descriptor"),
+    "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
 }
@@ -42,12 +42,10 @@ _FACTORED_LOG_RANGE = 80.0  # largest |G| with exp(G) and exp(-G) both finite in
 @dataclass(frozen=True)
 class Target:
     """What a launch choice may depend on besides the shape: ``compiled`` (false under the
-    Triton interpreter, which runs programs one after another), the SM count and the compute
-    capability's major version."""
+    Triton interpreter, which runs programs one after another) and the SM count."""
 
     compiled: bool
     sm_count: int
-    capability_major: int
 
     @staticmethod
     def of(device: torch.device) -> Target:
@@ -57,14 +55,13 @@ class Target:
         return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
 
 
-H200 = Target(compiled=True, sm_count=_TUNED_SM_COUNT, capability_major=9)
-INTERPRETER = Target(compiled=False, sm_count=_TUNED_SM_COUNT, capability_major=0)
+H200 = Target(compiled=True, sm_count=_TUNED_SM_COUNT)
+INTERPRETER = Target(compiled=False, sm_count=_TUNED_SM_COUNT)
 
 
 @functools.lru_cache(maxsize=None)
 def _cuda_target(index: int) -> Target:
-    props = torch.cuda.get_device_properties(index)
-    return Target(compiled=True, sm_count=props.multi_processor_count, capability_major=props.major)
+    return Target(compiled=True, sm_count=torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 @dataclass(frozen=True)
@@ -95,9 +92,6 @@ _VERIFY_RULES = (
          "few tokens: a program's serial chain of per-token reductions is the whole time, and this one is shortest"),
     Rule("one-pass", lambda key: key.pairs <= 192,
          "few pairs: every V-tile rebuilding the key side costs less than waiting for a second kernel"),
-    Rule("two-kernels-descriptor",
-         lambda key: key.pairs > 1024 and key.target.capability_major >= 9 and key.V % _verify_state_rows(key) == 0,
-         "many pairs on sm_90+: state blocks through TMA take fewer instructions than pointer loads"),
     Rule("two-kernels", _always, "the key side once per (row, head), then one pipelined read of each state tile"),
 )
 

@@ -12,9 +12,7 @@ Both walk the key channels in blocks (the state kernel as a pipelined loop of pr
 that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many programs
 run per SM with their state reads overlapping. The key side issues a block's loads before
 the previous block's stores (which, for all the compiler knows, may alias them), and the
-state kernel loads its other inputs before its state blocks. At the largest batches the
-stock state kernel loads its state blocks through a tensor descriptor
-(``two-kernels-descriptor``, ``kernels.state_blocks``).
+state kernel loads its other inputs before its state blocks.
 
 Its flushing form (``FLUSH``): a second key-side program per (row, head) builds the fold
 operand of the row's pending records (``kernels.fold``) before this window's records
@@ -35,7 +33,6 @@ from kernels.dependent_launch import (
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
-from kernels.state_blocks import state_block_descriptor
 from kernels.triton_math import record_key_inverse_norms, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
@@ -170,7 +167,7 @@ def _verify_key_side_kernel(
 def _verify_state_kernel(
     v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
     fold_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
-    query_start_loc_ptr, state_indices_ptr, record_indices_ptr, state_blocks,
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
     stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
@@ -180,9 +177,7 @@ def _verify_state_kernel(
     """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
-    then its columns are scaled by ``row_scale``. The blocks are loaded through pointers, or
-    through ``state_blocks`` where that is a tensor descriptor of ``[BV, BKK]`` blocks over the
-    state's rows (``kernels.state_blocks``).
+    then its columns are scaled by ``row_scale``.
 
     The window's other inputs (``window_inputs``) are loaded before the state blocks, so
     that their latency overlaps the products'. With ``FLUSH``, each state block is first
@@ -230,10 +225,7 @@ def _verify_state_kernel(
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 mask_vk = mask_v & (offs_k < K)[None, :]
-                if state_blocks is None:
-                    S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
-                else:
-                    S = state_blocks.load([((slot * H + h) * V + pid_v * BV).to(tl.int32), k0])
+                S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
                 if FLUSH:
                     # the flush's fold of this block (docs/design.md §7), stored in place; the
                     # window then runs from the stored (rounded) state, as after a flush
@@ -276,11 +268,9 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
         FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
-    descriptor = cfg.design == "two-kernels-descriptor"
     _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
         call.v, call.state, operand, row_scale, mix, call.records.correction, call.out, fold, decay, pending,
         plan_rows[0], call.query_start_loc, call.state_indices, call.record_indices,
-        state_block_descriptor(call.state, cfg.block_v, cfg.block_kk, descriptor),
         call.v.stride(1), call.out.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
         H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
