@@ -230,9 +230,7 @@ def _key_side_warps(key: Key) -> int:
 def _token_loop_tile(key: Key, design: str, flush: bool) -> tuple[int, bool]:
     """State rows per token-loop program and whether it reads the window at once."""
     if not key.target.compiled:  # the interpreter's cost is per program: the same code on wider tiles
-        if not flush or design == "flush-apart":
-            return 16, True
-        return (4, True) if design == "token-loop-at-once" else (4 if key.pairs <= 24 else 8, False)
+        return 16, design != "token-loop-token-by-token"
     if not flush or design == "flush-apart":
         # narrow tiles shorten each program's chain while few pairs leave SMs idle
         return (4 if key.T <= 4 else 2 if key.pairs <= 24 else 8), True

@@ -44,11 +44,15 @@ def fresh_seed() -> int:
     return random.SystemRandom().randrange(1 << 30)
 
 
+# Kimi-K3's head dims compiled; under the interpreter, which runs programs one after another,
+# half of them: still two blocks of key channels a program, at a quarter of the work
+WIDE = 128 if torch.cuda.is_available() else 64
+
 CONFIGS = [
     # id, H, K, V, T, activation, state, lower_bound, record_indices, large gates
-    pytest.param(2, 128, 128, 8, torch.float32, torch.float32, -5.0, True, False, id="k128-T8-fp32-lb"),
+    pytest.param(2, WIDE, WIDE, 8, torch.float32, torch.float32, -5.0, True, False, id=f"k{WIDE}-T8-fp32-lb"),
     pytest.param(2, 32, 32, 4, torch.float32, torch.float32, None, False, True, id="k32-T4-fp32-softplus"),
-    pytest.param(2, 128, 128, 8, torch.bfloat16, torch.float32, -5.0, True, False, id="k128-T8-bf16-lb"),
+    pytest.param(2, WIDE, WIDE, 8, torch.bfloat16, torch.float32, -5.0, True, False, id=f"k{WIDE}-T8-bf16-lb"),
     pytest.param(2, 32, 48, 4, torch.bfloat16, torch.bfloat16, None, True, True, id="v48-T4-bf16state"),
     pytest.param(1, 16, 16, 1, torch.float32, torch.bfloat16, -5.0, False, False, id="k16-T1-bf16state"),
     # key channels that do not fill the last column block, and an odd window
@@ -115,7 +119,7 @@ def test_design_table_follows_pair_count():
 def test_design_tiles():
     """State rows per program: the stock token loop 4 at T=4, at T=8 2 up to B=2, then 8; the
     flushing one 4 at once, 8 token by token at T=4 and at T=8 2 up to B=2, then 4; under the
-    interpreter (programs one after another) 16 and 4 or 8. The commit's token loop 4 up to
+    interpreter (programs one after another) 16. The commit's token loop 4 up to
     B=4, 8 up to B=8, then 16 (16 under the interpreter). The flushing two kernels on 32-row
     one-warp tiles."""
     verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
@@ -126,8 +130,7 @@ def test_design_tiles():
     assert [verify(b, 12, 128, 128, 8, flush=True).block_v for b in (2, 3, 4)] == [2, 4, 4]
     assert [verify(b, 12, 128, 128, 4, flush=True).window_at_once for b in (2, 3)] == [True, False]
     assert verify(1, 12, 128, 128, 8, target=interpreter).block_v == 16
-    assert verify(1, 12, 128, 128, 4, flush=True, target=interpreter, design="token-loop-at-once").block_v == 4
-    assert verify(3, 12, 128, 128, 4, flush=True, target=interpreter).block_v == 8
+    assert {verify(b, 12, 128, 128, 4, flush=True, target=interpreter).block_v for b in (1, 2, 3)} == {16}
     assert [commit(b, 12, 128, 128, 4).block_v for b in (1, 4, 5, 8, 9, 32)] == [4, 4, 8, 8, 16, 16]
     assert commit(1, 12, 128, 128, 4, target=interpreter).block_v == 16
     for flushing in (verify(5, 12, 128, 128, 8, flush=True), verify(9, 12, 128, 128, 4, flush=True)):
