@@ -39,7 +39,7 @@ step bench-T8 kda bench --spec-len 8 --batch 1,2,3,4,8,32,64,128,256 --save "$OU
 step bench-T4 kda bench --spec-len 4 --save "$OUT/bench-k3-tp8-T4.json" ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-dependent kda bench --spec-len 8 --ops verify,commit,step-stock,step-deferred \
-    --impl triton,benchmarks/plain_order_impl.py --save "$OUT/bench-dependent-launch.json" ${BENCH_ARGS:-}
+    --impl triton,benchmarks/variants/plain_order.py --save "$OUT/bench-dependent-launch.json" ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-trace kda bench --trace traces/samples/k3-tp8-sample.safetensors \
     --save "$OUT/bench-trace-sample.json" ${BENCH_ARGS:-} > "$LOGS/bench-trace.txt"

@@ -1,0 +1,7 @@
+"""Every stock verify in two kernels (``KDA_DESIGN=verify=two-kernels``), to time the token
+loop and the one pass against the design they stand in for at small batches:
+``kda bench --impl triton,benchmarks/variants/verify_two_kernels.py --batch 1,8,16 --ops verify``."""
+
+from benchmarks.variants.under_env import api_under
+
+globals().update(api_under({"KDA_DESIGN": "verify=two-kernels"}))
