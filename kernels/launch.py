@@ -230,7 +230,7 @@ def _key_side_warps(key: Key) -> int:
 def _token_loop_tile(key: Key, design: str, flush: bool) -> tuple[int, bool]:
     """State rows per token-loop program and whether it reads the window at once."""
     if not key.target.compiled:  # the interpreter's cost is per program: the same code on wider tiles
-        return 16, design != "token-loop-token-by-token"
+        return (16 if flush else 32), design != "token-loop-token-by-token"
     if not flush or design == "flush-apart":
         # narrow tiles shorten each program's chain while few pairs leave SMs idle
         return (4 if key.T <= 4 else 2 if key.pairs <= 24 else 8), True
@@ -294,8 +294,10 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
 
 
 def _commit_token_rows(key: Key) -> int:
-    """Narrow tiles while few pairs leave SMs idle; 16 under the interpreter (its cost is per program)."""
-    if not key.target.compiled or key.pairs > 96:
+    """Narrow tiles while few pairs leave SMs idle; 32 under the interpreter (its cost is per program)."""
+    if not key.target.compiled:
+        return 32
+    if key.pairs > 96:
         return 16
     return 8 if key.pairs > 48 else 4
 

@@ -21,7 +21,7 @@ from kernels.dependent_launch import (
 )
 from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.fold import fold_recorded_token
-from kernels.launch import VerifyConfig
+from kernels.launch import Target, VerifyConfig
 from kernels.triton_math import (
     record_row, recurrence_step, tile_column, tile_row, token_key_and_decay, token_queries, vector_entry,
 )
@@ -197,5 +197,5 @@ def launch_token_loop(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_ro
     _verify_token_loop_kernel[(triton.cdiv(call.V, cfg.block_v), call.H, call.B)](
         *call.one_kernel_args(), pending, *plan_rows, counters, V=call.V, BK=cfg.block_k, BV=cfg.block_v,
         BT=cfg.block_t, FLUSH=flush, CONSUME_PENDING=consume, WINDOW_AT_ONCE=cfg.window_at_once,
-        FENCED=device.type == "cuda", **call.shape_options(), **dependent_launch(device), num_warps=1,
+        FENCED=Target.of(device).compiled, **call.shape_options(), **dependent_launch(device), num_warps=1,
         num_stages=1, maxnreg=cfg.max_registers)

@@ -119,8 +119,8 @@ def test_design_table_follows_pair_count():
 def test_design_tiles():
     """State rows per program: the stock token loop 4 at T=4, at T=8 2 up to B=2, then 8; the
     flushing one 4 at once, 8 token by token at T=4 and at T=8 2 up to B=2, then 4; under the
-    interpreter (programs one after another) 16. The commit's token loop 4 up to
-    B=4, 8 up to B=8, then 16 (16 under the interpreter). The flushing two kernels on 32-row
+    interpreter (programs one after another) 32 and 16. The commit's token loop 4 up to
+    B=4, 8 up to B=8, then 16 (32 under the interpreter). The flushing two kernels on 32-row
     one-warp tiles."""
     verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
     interpreter = kernels.launch.INTERPRETER
@@ -129,10 +129,10 @@ def test_design_tiles():
     assert [verify(b, 12, 128, 128, 4, flush=True).block_v for b in (2, 3, 8)] == [4, 8, 8]
     assert [verify(b, 12, 128, 128, 8, flush=True).block_v for b in (2, 3, 4)] == [2, 4, 4]
     assert [verify(b, 12, 128, 128, 4, flush=True).window_at_once for b in (2, 3)] == [True, False]
-    assert verify(1, 12, 128, 128, 8, target=interpreter).block_v == 16
+    assert verify(1, 12, 128, 128, 8, target=interpreter).block_v == 32
     assert {verify(b, 12, 128, 128, 4, flush=True, target=interpreter).block_v for b in (1, 2, 3)} == {16}
     assert [commit(b, 12, 128, 128, 4).block_v for b in (1, 4, 5, 8, 9, 32)] == [4, 4, 8, 8, 16, 16]
-    assert commit(1, 12, 128, 128, 4, target=interpreter).block_v == 16
+    assert commit(1, 12, 128, 128, 4, target=interpreter).block_v == 32
     for flushing in (verify(5, 12, 128, 128, 8, flush=True), verify(9, 12, 128, 128, 4, flush=True)):
         assert (flushing.design, flushing.block_v, flushing.num_warps) == ("two-kernels", 32, 1)
 
