@@ -4,8 +4,7 @@ usage: python3 benchmarks/token_loop_registers.py {verify,commit} T BV [--budget
        [--set NAME=0|1 ...] [--sass]
 
 Compiles ``kernels.verify_token_loop._verify_token_loop_kernel`` or
-``kernels.commit._commit_token_loop_kernel`` at
-the k3-tp8 shape (H=12, K=V=128, bf16 activations, fp32 state, a lower bound) as their
+``kernels.commit._commit_token_loop_kernel`` at the k3-tp8 shape (H=12, K=V=128, bf16 activations, fp32 state, a lower bound) as their
 launchers do (one warp, one stage, ``--budget`` as ``maxnreg``), with the ptxas and
 cuobjdump that ship with Triton, and prints the registers per thread, the bytes of local
 memory (spills) and the SASS instruction count; ``--sass`` also prints the SASS. ``--set``
@@ -26,55 +25,52 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from kernels import commit, verify_token_loop  # noqa: E402
 
-ACTIVATION_POINTERS = {"q_ptr", "k_ptr", "g_ptr", "v_ptr", "beta_ptr", "key_gate_ptr", "out_ptr"}
-FLOAT_POINTERS = {"A_log_ptr", "dt_bias_ptr", "state_ptr", "correction_ptr"}
-PLAN_POINTERS = ("commit_lens_ptr", "final_state_indices_ptr", "boundary_state_indices_ptr",
-                 "boundary_recovery_lens_ptr")
+H, K, V, ROWS = 12, 128, 128, 4  # the k3-tp8 shape; rows of the (unused) buffers the signature is read from
 
 
-def absent_pointers(kernel: str, modes: dict[str, bool]) -> set[str]:
-    """The pointer arguments the launcher passes as ``None`` in these modes."""
-    absent = set() if modes["HAS_RECORD_INDICES"] else {"record_indices_ptr"}
-    if kernel == "verify":
-        if not (modes["FLUSH"] or modes["CONSUME_PENDING"]):
-            absent |= {"pending_ptr", *PLAN_POINTERS}
-        if not modes["FLUSH"]:
-            absent.add("counters_ptr")
-    else:
-        absent |= set(PLAN_POINTERS) if modes["PENDING"] else {"pending_ptr"}
-    return absent
+def kernel_arguments(kernel: str, spec_len: int, modes: dict[str, bool]) -> tuple:
+    """Host tensors of the dtypes and layouts the launchers pass (CPU tensors: only their
+    types and alignment reach the compiler), ``None`` where the launcher passes none."""
+    bf16, f32, i32 = (dict(dtype=d) for d in (torch.bfloat16, torch.float32, torch.int32))
+    state = torch.zeros(ROWS, H, V, K, **f32)
+    records = (torch.zeros(ROWS, H, spec_len, 2 * K, **bf16), torch.zeros(ROWS, H, spec_len, V, **f32))
+    gate = (torch.zeros(H, **f32), torch.zeros(H * K, **f32), -5.0)
+    rows = torch.zeros(ROWS, **i32)
+    record_indices = rows if modes["HAS_RECORD_INDICES"] else None
+    plan = tuple(torch.zeros(ROWS, **i32) for _ in range(4))
+    if kernel == "commit":
+        pending = rows if modes["PENDING"] else None
+        return (state, records, gate, rows, record_indices, (None,) * 4 if modes["PENDING"] else plan, pending, 1)
+    tokens = tuple(torch.zeros(1, ROWS * spec_len, H, K, **bf16) for _ in range(6))
+    flushing = modes["FLUSH"] or modes["CONSUME_PENDING"]
+    return (tokens, tuple(H * K for _ in tokens), gate, state, records, (rows, rows, record_indices), 1,
+            rows if flushing else None, plan if flushing else (None,) * 4, rows if modes["FLUSH"] else None)
 
 
 def compile_token_loop(kernel: str, spec_len: int, block_v: int, modes: dict[str, bool], budget: int | None):
-    """The kernel compiled for sm_90 (a ``triton.compiler.CompiledKernel``)."""
+    """The kernel compiled for sm_90 (a ``triton.compiler.CompiledKernel``), its arguments
+    specialised as the runtime would specialise the launchers' own."""
     fn = verify_token_loop._verify_token_loop_kernel if kernel == "verify" else commit._commit_token_loop_kernel
-    constants = dict(H=12, K=128, V=128, T=spec_len, BK=128, BV=block_v, BT=triton.next_power_of_2(spec_len),
-                     HAS_LOWER_BOUND=True, FENCED=True, DEPENDENT=True, **modes)
-    absent = absent_pointers(kernel, modes)
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constants or name in absent:
-            signature[name] = "constexpr"
-            constexprs[name] = constants.get(name)
-        elif name.endswith("_ptr"):
-            signature[name] = ("*bf16" if name in ACTIVATION_POINTERS else "*fp32" if name in FLOAT_POINTERS
-                               else "*i32")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "lower_bound":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {"num_warps": 1, "num_stages": 1, **({"maxnreg": budget} if budget else {})}
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=options)
+    constants = dict(H=H, K=K, V=V, T=spec_len, BK=K, BV=block_v, HAS_LOWER_BOUND=True, DEPENDENT=True, **modes)
+    if kernel == "verify":
+        constants.update(BT=triton.next_power_of_2(spec_len), FENCED=True)
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = {"num_warps": 1, "num_stages": 1, "debug": False, **({"maxnreg": budget} if budget else {})}
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, parsed = binder(*kernel_arguments(kernel, spec_len, modes), **constants, **options)
+    parsed, signature, constexprs, attrs = fn._pack_args(backend, {**constants, **options}, bound, specialization,
+                                                         parsed)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=parsed.__dict__)
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:

@@ -14,6 +14,10 @@ pairs and the window (``kernels.launch.commit_config``):
   slot, of the recovery length (operand 1) once; then ``_commit_fold_state_kernel`` walks each
   state tile in blocks of key channels (loads pipelined) and stores each block folded.
 
+Kernels take their related pointers as tuples: ``records = (key_gate, correction)``,
+``gate = (A_log, dt_bias, lower_bound)``, ``plan`` (the ``CommitPlan``'s four row pointers in
+its field order) and ``fold_operands = (fold, decay)``.
+
 Rows with a boundary slot take both folds from one read of each block (the boundary slot may
 be the source), in narrower blocks of ``BOUNDARY_BKK`` so that this rarer path does not set
 the kernel's register count. Records past a fold's length are masked out before they are
@@ -26,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
+from kernels.buffers import CommitPlan, KDARecoverSSMRecords
 from kernels.contract import check_commit_args
 from kernels.dependent_launch import (
     await_prior_grid, dependent_launch, release_next_grid,
@@ -34,25 +38,26 @@ from kernels.dependent_launch import (
 from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token, fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, Target, commit_config
-from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
+from kernels.triton_math import NULL_SLOT, fold_operand, record_key_inverse_norms, record_keys_and_gates, record_row
 
 
 @triton.jit
-def _commit_row(commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr,
-                boundary_state_indices_ptr, boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id,
-                T: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr):
+def _commit_row(plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T: tl.constexpr,
+                HAS_RECORD_INDICES: tl.constexpr):
     """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds,
     final, has_final, boundary, has_boundary, recovery)``, slots int64; nothing is folded
-    unless ``folds``, a slot is written only where its ``has_*`` holds."""
+    unless ``folds``, a slot is written only where its ``has_*`` holds. ``plan``: the
+    ``CommitPlan``'s four row pointers, in its field order."""
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
     n = tl.minimum(tl.load(commit_lens_ptr + b), T)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
     recovery = tl.load(boundary_recovery_lens_ptr + b)
-    has_boundary = (boundary > null_block_id) & (recovery > 0) & (recovery <= n)
-    folds = (n > 0) & (source > null_block_id) & (rec >= 0)
-    return n, source, rec, folds, final, final > null_block_id, boundary, has_boundary, recovery
+    has_boundary = (boundary > NULL_SLOT) & (recovery > 0) & (recovery <= n)
+    folds = (n > 0) & (source > NULL_SLOT) & (rec >= 0)
+    return n, source, rec, folds, final, final > NULL_SLOT, boundary, has_boundary, recovery
 
 
 @triton.jit
@@ -85,24 +90,22 @@ def _folded(S, U, g, G, key, count, offs_t, DOT_PRECISION: tl.constexpr):
 
 @triton.jit
 def _commit_fold_in_tile_kernel(
-    state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    state_indices_ptr, record_indices_ptr,
-    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    stride_state_indices, null_block_id,
+    state_ptr, records, gate, state_indices_ptr, record_indices_ptr, plan, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): each block of the fold operand rebuilt beside its state block."""
+    key_gate_ptr, correction_ptr = records
+    A_log_ptr, dt_bias_ptr, lower_bound = gate
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
     if folds:
         offs_t = tl.arange(0, BT)
         offs_v = pid_v * BV + tl.arange(0, BV)
@@ -141,10 +144,7 @@ def _commit_fold_in_tile_kernel(
 
 @triton.jit
 def _commit_token_loop_kernel(
-    state_ptr, correction_ptr, key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    state_indices_ptr, record_indices_ptr,
-    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    pending_ptr, stride_state_indices, null_block_id,
+    state_ptr, records, gate, state_indices_ptr, record_indices_ptr, plan, pending_ptr, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, PENDING: tl.constexpr,
     DEPENDENT: tl.constexpr,
@@ -158,6 +158,8 @@ def _commit_token_loop_kernel(
     With ``PENDING`` the plan is not read: each row folds its pending count (``pending``
     at its record row, as a flush plans it) into its own slot in place, and neither consumes
     the count nor writes a plan row (``fold_pending``)."""
+    key_gate_ptr, correction_ptr = records
+    A_log_ptr, dt_bias_ptr, lower_bound = gate
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -166,7 +168,7 @@ def _commit_token_loop_kernel(
     if PENDING:
         source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
         rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-        owned = (source > null_block_id) & (rec >= 0)
+        owned = (source > NULL_SLOT) & (rec >= 0)
         n = planned_flush_count(tl.load(pending_ptr + rec, mask=owned, other=0), T)
         # every record of an owned row is read whatever its count, so no load waits for it
         folds, read_count = owned, T
@@ -176,9 +178,7 @@ def _commit_token_loop_kernel(
         boundary, has_boundary, recovery = source, False, 0
     else:
         n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
-            commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr,
-            boundary_state_indices_ptr, boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T,
-            HAS_RECORD_INDICES)
+            plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
         read_count = n
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
@@ -210,24 +210,23 @@ def _commit_token_loop_kernel(
 
 @triton.jit
 def _commit_fold_operand_kernel(
-    key_gate_ptr, A_log_ptr, dt_bias_ptr, lower_bound, fold_ptr, decay_ptr,
-    state_indices_ptr, record_indices_ptr,
-    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    stride_state_indices, null_block_id, operand_stride,
+    key_gate_ptr, gate, fold_operands, state_indices_ptr, record_indices_ptr, plan, stride_state_indices,
+    operand_stride,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr, BT: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (block of ``BKK`` key channels, head, row): operand 0 folds the commit length,
     operand 1 (boundary rows only) the recovery length. Operand ``o`` of pair ``p`` is at
     ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``."""
+    A_log_ptr, dt_bias_ptr, lower_bound = gate
+    fold_ptr, decay_ptr = fold_operands
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     part = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     n, _, rec, folds, _, _, _, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
     if folds:
         offs_t = tl.arange(0, BT)
         kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
@@ -247,24 +246,22 @@ def _commit_fold_operand_kernel(
 
 @triton.jit
 def _commit_fold_state_kernel(
-    state_ptr, correction_ptr, fold_ptr, decay_ptr,
-    state_indices_ptr, record_indices_ptr,
-    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    stride_state_indices, null_block_id, operand_stride,
+    state_ptr, correction_ptr, fold_operands, state_indices_ptr, record_indices_ptr, plan, stride_state_indices,
+    operand_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the operands of ``_commit_fold_operand_kernel`` applied to each block."""
+    fold_ptr, decay_ptr = fold_operands
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = _commit_row(
-        commit_lens_ptr, state_indices_ptr, record_indices_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-        boundary_recovery_lens_ptr, b, stride_state_indices, null_block_id, T, HAS_RECORD_INDICES)
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
         mask_v = (offs_v < V)[:, None]
@@ -317,20 +314,19 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     has_rec = record_indices is not None
     dependent = dependent_launch(checkpoint_state.device)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
+    gate = _gate(A_log, dt_bias, lower_bound)
     args = dict(H=H, K=K, V=V, T=T, BK=cfg.block_k, BKK=cfg.block_kk, BOUNDARY_BKK=cfg.boundary_block_kk,
                 BV=cfg.block_v, STAGES=cfg.stages, HAS_RECORD_INDICES=has_rec, DOT_PRECISION=DOT_PRECISION,
                 **dependent, num_warps=cfg.num_warps, num_stages=1)
     state_grid = (triton.cdiv(V, cfg.block_v), H, B)
-    lower = 0.0 if lower_bound is None else float(lower_bound)
     if cfg.design == "token-loop":
         _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices,
                            record_indices, plan_rows, None)
         return
     if cfg.design == "fold-in-tile":
         _commit_fold_in_tile_kernel[state_grid](
-            checkpoint_state, records.correction, records.key_gate, A_log, dt_bias, lower, state_indices,
-            record_indices, *plan_rows, state_indices.stride(0), NULL_BLOCK_ID,
-            BT=cfg.fold_depth, HAS_LOWER_BOUND=lower_bound is not None, **args,
+            checkpoint_state, (records.key_gate, records.correction), gate, state_indices, record_indices, plan_rows,
+            state_indices.stride(0), BT=cfg.fold_depth, HAS_LOWER_BOUND=lower_bound is not None, **args,
         )
         return
     f32 = dict(dtype=torch.float32, device=checkpoint_state.device)
@@ -339,16 +335,21 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
     fold = torch.empty((2, B, H, cfg.block_t, K), **f32)
     decay = torch.empty((2, B, H, K), **f32)
     _commit_fold_operand_kernel[(parts, H, B)](
-        records.key_gate, A_log, dt_bias, lower, fold, decay, state_indices, record_indices,
-        *plan_rows, state_indices.stride(0), NULL_BLOCK_ID, B * H,
+        records.key_gate, gate, (fold, decay), state_indices, record_indices, plan_rows, state_indices.stride(0),
+        B * H,
         H=H, K=K, T=T, BK=cfg.block_k, BKK=cfg.operand_block_k, BT=cfg.block_t,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=has_rec, **dependent,
         num_warps=1, num_stages=1,
     )
     _commit_fold_state_kernel[state_grid](
-        checkpoint_state, records.correction, fold, decay, state_indices, record_indices, *plan_rows,
-        state_indices.stride(0), NULL_BLOCK_ID, B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
+        checkpoint_state, records.correction, (fold, decay), state_indices, record_indices, plan_rows,
+        state_indices.stride(0), B * H, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth, **args,
     )
+
+
+def _gate(A_log, dt_bias, lower_bound) -> tuple:
+    """The kernels' ``gate`` argument (``lower_bound`` 0 where there is none: ``HAS_LOWER_BOUND`` false)."""
+    return A_log, dt_bias, 0.0 if lower_bound is None else float(lower_bound)
 
 
 def fold_pending(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound, state_indices,
@@ -369,9 +370,8 @@ def _launch_token_loop(cfg, checkpoint_state, records, A_log, dt_bias, lower_bou
     """The commit's token loop over ``plan_rows``, or with ``pending`` counts instead (``PENDING``)."""
     H, V, K = checkpoint_state.shape[1], checkpoint_state.shape[2], checkpoint_state.shape[3]
     _commit_token_loop_kernel[(triton.cdiv(V, cfg.block_v), H, state_indices.shape[0])](
-        checkpoint_state, records.correction, records.key_gate, A_log, dt_bias,
-        0.0 if lower_bound is None else float(lower_bound), state_indices, record_indices, *plan_rows, pending,
-        state_indices.stride(0), NULL_BLOCK_ID,
+        checkpoint_state, (records.key_gate, records.correction), _gate(A_log, dt_bias, lower_bound), state_indices,
+        record_indices, plan_rows, pending, state_indices.stride(0),
         H=H, K=K, V=V, T=records.spec_query_len, BK=cfg.block_k, BV=cfg.block_v,
         HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
         PENDING=pending is not None, **dependent_launch(checkpoint_state.device), num_warps=1,

@@ -11,6 +11,9 @@ a token's key is summed over all blocks first (``sum_of_squares``). All arithmet
 import triton
 import triton.language as tl
 
+from kernels.buffers import NULL_BLOCK_ID
+
+NULL_SLOT = tl.constexpr(NULL_BLOCK_ID)  # slot indices <= NULL_SLOT are null (docs/design.md §5)
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)
 NORM_EPS = tl.constexpr(1e-6)
 

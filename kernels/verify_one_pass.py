@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
-from kernels.triton_math import record_row
+from kernels.triton_math import NULL_SLOT, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_mix,
     window_row, window_values,
@@ -22,11 +22,7 @@ from kernels.verify_window import (
 
 @triton.jit
 def _verify_one_pass_kernel(
-    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    state_ptr, key_gate_ptr, correction_ptr, out_ptr,
-    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
-    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok, stride_state_indices,
-    null_block_id,
+    tokens, token_strides, gate, state_ptr, records, rows, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr,
     HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -38,6 +34,11 @@ def _verify_one_pass_kernel(
     block at once, so the operand and ``mix`` stay in the program and no program waits for
     another. Every V-tile of a (row, head) builds them; the first writes the key records.
     Outputs and corrections as ``_verify_state_kernel``'s."""
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, out_ptr = tokens
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok = token_strides
+    A_log_ptr, dt_bias_ptr, lower_bound = gate
+    key_gate_ptr, correction_ptr = records
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -48,7 +49,7 @@ def _verify_one_pass_kernel(
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mask_v = offs_v[:, None] < V
-    if slot > null_block_id:
+    if slot > NULL_SLOT:
         if length > 0:
             rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
             offs_t = tl.arange(0, BT)

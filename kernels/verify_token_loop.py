@@ -23,20 +23,14 @@ from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.fold import fold_recorded_token
 from kernels.launch import Target, VerifyConfig
 from kernels.triton_math import (
-    record_row, recurrence_step, tile_column, tile_row, token_key_and_decay, token_queries, vector_entry,
+    NULL_SLOT, record_row, recurrence_step, tile_column, tile_row, token_key_and_decay, token_queries, vector_entry,
 )
 from kernels.verify_window import VerifyCall, store_corrections, store_outputs, window_row
 
 
 @triton.jit
 def _verify_token_loop_kernel(
-    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    state_ptr, key_gate_ptr, correction_ptr, out_ptr,
-    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
-    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok, stride_state_indices,
-    null_block_id,
-    pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    counters_ptr,
+    tokens, token_strides, gate, state_ptr, records, rows, stride_state_indices, pending_ptr, plan, counters_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     FLUSH: tl.constexpr, CONSUME_PENDING: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, FENCED: tl.constexpr,
@@ -71,6 +65,12 @@ def _verify_token_loop_kernel(
     With ``CONSUME_PENDING`` (the flush apart, ``fold_pending`` launched just before) the
     first program of each row consumes its pending count and writes its flush plan: the
     window runs from the state that launch folded."""
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, out_ptr = tokens
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok = token_strides
+    A_log_ptr, dt_bias_ptr, lower_bound = gate
+    key_gate_ptr, correction_ptr = records
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -81,20 +81,20 @@ def _verify_token_loop_kernel(
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if FLUSH:
-        owned = (slot > null_block_id) & (rec >= 0)
+        owned = (slot > NULL_SLOT) & (rec >= 0)
         pending_count = tl.load(pending_ptr + rec, mask=owned, other=0)
         pending = planned_flush_count(pending_count, T)
         writes_records = owned
     else:
         writes_records = (pid_v == 0) & (rec >= 0)
     if CONSUME_PENDING:
-        consumed = (pid_v == 0) & (h == 0) & (slot > null_block_id) & (rec >= 0)
+        consumed = (pid_v == 0) & (h == 0) & (slot > NULL_SLOT) & (rec >= 0)
         pending_count = tl.load(pending_ptr + rec, mask=consumed, other=0)
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     mask_v = offs_v < V
     mask_k = offs_k < K
-    if slot > null_block_id:
+    if slot > NULL_SLOT:
         tile = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :]
         S = tl.load(tile, mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         A_h = tl.exp(tl.load(A_log_ptr + h))
@@ -183,7 +183,7 @@ def _verify_token_loop_kernel(
         if CONSUME_PENDING:
             tl.store(pending_ptr + rec, 0, mask=consumed)
         store_flush_plan(b, (pid_v == 0) & (h == 0), slot, pending_count, commit_lens_ptr, final_state_indices_ptr,
-                         boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, T)
+                         boundary_state_indices_ptr, boundary_recovery_lens_ptr, NULL_SLOT, T)
 
 
 def launch_token_loop(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_rows=(None,) * 4,
@@ -195,7 +195,7 @@ def launch_token_loop(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_ro
     flush = pending is not None and not consume
     counters = row_counters(device, call.B * call.H + call.B) if flush else None
     _verify_token_loop_kernel[(triton.cdiv(call.V, cfg.block_v), call.H, call.B)](
-        *call.one_kernel_args(), pending, *plan_rows, counters, V=call.V, BK=cfg.block_k, BV=cfg.block_v,
+        *call.one_kernel_args(), pending, plan_rows, counters, V=call.V, BK=cfg.block_k, BV=cfg.block_v,
         BT=cfg.block_t, FLUSH=flush, CONSUME_PENDING=consume, WINDOW_AT_ONCE=cfg.window_at_once,
         FENCED=Target.of(device).compiled, **call.shape_options(), **dependent_launch(device), num_warps=1,
         num_stages=1, maxnreg=cfg.max_registers)

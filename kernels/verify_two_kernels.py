@@ -26,14 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.buffers import NULL_BLOCK_ID
 from kernels.dependent_launch import (
     await_prior_grid, dependent_launch, release_next_grid,
 )
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
-from kernels.triton_math import record_key_inverse_norms, record_row
+from kernels.triton_math import NULL_SLOT, record_key_inverse_norms, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
     window_mix, window_row,
@@ -63,11 +62,8 @@ def _store_key_records(k_rows, g_rows, kg_rows, live, K: tl.constexpr, BK: tl.co
 
 @triton.jit
 def _verify_key_side_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, A_log_ptr, dt_bias_ptr, lower_bound,
-    key_gate_ptr, operand_ptr, row_scale_ptr, mix_ptr, fold_ptr, decay_ptr,
-    pending_ptr, commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
-    stride_q_tok, stride_k_tok, stride_g_tok, stride_beta_tok, stride_state_indices, null_block_id,
+    tokens, token_strides, gate, key_gate_ptr, window_operands, fold_operands, pending_ptr, plan, rows,
+    stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
@@ -88,6 +84,13 @@ def _verify_key_side_kernel(
     It never releases the state kernel early (``kernels.dependent_launch``): that launches as
     the key side's programs exit.
     """
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, out_ptr = tokens
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok = token_strides
+    A_log_ptr, dt_bias_ptr, lower_bound = gate
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
+    operand_ptr, row_scale_ptr, mix_ptr = window_operands
+    fold_ptr, decay_ptr = fold_operands
     await_prior_grid(DEPENDENT)
     h = tl.program_id(0)
     b = tl.program_id(1)
@@ -96,11 +99,11 @@ def _verify_key_side_kernel(
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if tl.program_id(2) == 1:
         if FLUSH:
-            owned = (slot > null_block_id) & (rec >= 0)
+            owned = (slot > NULL_SLOT) & (rec >= 0)
             # kda_recoverssm_flush's plan, row b written once (by head 0)
             pending = store_flush_plan(b, h == 0, slot, tl.load(pending_ptr + rec, mask=owned, other=0),
                                        commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr,
-                                       boundary_recovery_lens_ptr, null_block_id, T)
+                                       boundary_recovery_lens_ptr, NULL_SLOT, T)
             offs_t = tl.arange(0, BT)
             kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
             if pending > 0:
@@ -114,7 +117,7 @@ def _verify_key_side_kernel(
                 tok = start + offs_t[:, None]
                 _store_key_records(k_ptr + tok * stride_k_tok + h * K, g_ptr + tok * stride_g_tok + h * K, kg_rows,
                                    offs_t < length, K, BK, BKK)
-    elif (length > 0) & (slot > null_block_id):
+    elif (length > 0) & (slot > NULL_SLOT):
         offs_t = tl.arange(0, BT)
         live = offs_t < length
         tok = start + offs_t[:, None]
@@ -165,10 +168,8 @@ def _verify_key_side_kernel(
 
 @triton.jit
 def _verify_state_kernel(
-    v_ptr, state_ptr, operand_ptr, row_scale_ptr, mix_ptr, correction_ptr, out_ptr,
-    fold_ptr, decay_ptr, pending_ptr, commit_lens_ptr,
-    query_start_loc_ptr, state_indices_ptr, record_indices_ptr,
-    stride_v_tok, stride_out_tok, stride_state_indices, null_block_id,
+    tokens, token_strides, state_ptr, window_operands, correction_ptr, fold_operands, pending_ptr, commit_lens_ptr,
+    rows, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
     STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -184,6 +185,11 @@ def _verify_state_kernel(
     folded with the key side's fold operand and stored in place, one program of the row
     consumes its pending count, and those inputs are loaded after the blocks: held across
     the fold's loop, they would spill under its register cap."""
+    q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, out_ptr = tokens
+    stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok = token_strides
+    query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
+    operand_ptr, row_scale_ptr, mix_ptr = window_operands
+    fold_ptr, decay_ptr = fold_operands
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_v = tl.program_id(0)
@@ -199,12 +205,12 @@ def _verify_state_kernel(
     rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
     if FLUSH:
         pending = tl.load(commit_lens_ptr + b)  # the window kernel's flush plan
-        if (pid_v == 0) & (h == 0) & (slot > null_block_id) & (rec >= 0):
+        if (pid_v == 0) & (h == 0) & (slot > NULL_SLOT) & (rec >= 0):
             tl.store(pending_ptr + rec, 0)  # consumed, after every key-side program has read it
         active = (length > 0) | (pending > 0)
     else:
         active = length > 0
-    if slot > null_block_id:
+    if slot > NULL_SLOT:
         if active:
             pair = (b * H + h).to(tl.int64)
             state_rows = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K
@@ -259,19 +265,17 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
     fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
     decay = torch.empty((B, H, K) if flush else (1,), **f32)
     dependent = dependent_launch(device)
-    q, k, raw_g, raw_beta = call.q, call.k, call.raw_g, call.raw_beta
+    tokens, token_strides, rows = call.tokens(), call.token_strides(), call.rows()
     _verify_key_side_kernel[(H, B, 2 if flush else 1)](
-        q, k, raw_g, raw_beta, call.A_log, call.dt_bias, call.lower, call.records.key_gate, operand, row_scale, mix,
-        fold, decay, pending, *plan_rows, call.query_start_loc, call.state_indices, call.record_indices,
-        q.stride(1), k.stride(1), raw_g.stride(1), raw_beta.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
+        tokens, token_strides, call.gate(), call.records.key_gate, (operand, row_scale, mix), (fold, decay), pending,
+        plan_rows, rows, call.state_indices.stride(0),
         BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
         FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
     _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
-        call.v, call.state, operand, row_scale, mix, call.records.correction, call.out, fold, decay, pending,
-        plan_rows[0], call.query_start_loc, call.state_indices, call.record_indices,
-        call.v.stride(1), call.out.stride(1), call.state_indices.stride(0), NULL_BLOCK_ID,
+        tokens, token_strides, call.state, (operand, row_scale, mix), call.records.correction, (fold, decay), pending,
+        plan_rows[0], rows, call.state_indices.stride(0),
         H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
         FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps,

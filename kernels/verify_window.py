@@ -14,6 +14,11 @@ The blocked designs (one pass, two kernels) build ``[W; P]`` block by block of k
 (``store_window_results``). Tiles of ``[U | O]`` are ``[BV, 2 BT]``: column ``c`` is token
 ``c``'s correction for ``c < BT`` and token ``c - BT``'s output after.
 
+Kernels take their related pointers as tuples (``VerifyCall`` builds them): ``tokens``,
+``token_strides``, ``gate``, ``records = (key_gate, correction)``, ``rows``, the flush's ``plan``
+(the ``CommitPlan``'s four row pointers), ``window_operands = (operand, row_scale, mix)`` and
+``fold_operands = (fold, decay)``.
+
 The factored products ``exp(G) exp(-G)`` stay finite while the whole window's log decay is
 bounded (``kernels.launch.factored_window``); otherwise ``A`` and ``C`` are built one token
 at a time with the shared recurrence step, where every factor is <= 1.
@@ -27,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.buffers import NULL_BLOCK_ID, KDARecoverSSMRecords
+from kernels.buffers import KDARecoverSSMRecords
 from kernels.triton_math import inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates
 
 
@@ -57,17 +62,27 @@ class VerifyCall:
     V: int
     T: int
 
-    @property
-    def lower(self) -> float:
-        """``lower_bound`` as the kernels take it (0 when there is none: ``HAS_LOWER_BOUND`` false)."""
-        return 0.0 if self.lower_bound is None else float(self.lower_bound)
+    def tokens(self) -> tuple:
+        """The kernels' ``tokens``: the ``[1, T_tot, H, *]`` tensors ``(q, k, raw_g, v, raw_beta, out)``."""
+        return self.q, self.k, self.raw_g, self.v, self.raw_beta, self.out
+
+    def token_strides(self) -> tuple:
+        """The kernels' ``token_strides``: the token stride of each of ``tokens``, in its order."""
+        return tuple(x.stride(1) for x in self.tokens())
+
+    def gate(self) -> tuple:
+        """The kernels' ``gate``: ``(A_log, dt_bias, lower_bound)``, ``lower_bound`` 0 where there is
+        none (``HAS_LOWER_BOUND`` false)."""
+        return self.A_log, self.dt_bias, 0.0 if self.lower_bound is None else float(self.lower_bound)
+
+    def rows(self) -> tuple:
+        """The kernels' ``rows``: ``(query_start_loc, state_indices, record_indices)``."""
+        return self.query_start_loc, self.state_indices, self.record_indices
 
     def one_kernel_args(self) -> tuple:
         """The leading arguments of the designs that run verify in one kernel."""
-        return (self.q, self.k, self.raw_g, self.v, self.raw_beta, self.A_log, self.dt_bias, self.lower, self.state,
-                self.records.key_gate, self.records.correction, self.out, self.query_start_loc, self.state_indices,
-                self.record_indices, self.q.stride(1), self.k.stride(1), self.raw_g.stride(1), self.v.stride(1),
-                self.raw_beta.stride(1), self.out.stride(1), self.state_indices.stride(0), NULL_BLOCK_ID)
+        return (self.tokens(), self.token_strides(), self.gate(), self.state,
+                (self.records.key_gate, self.records.correction), self.rows(), self.state_indices.stride(0))
 
     def shape_options(self) -> dict:
         """The compile-time shape and flags every verify kernel takes."""
