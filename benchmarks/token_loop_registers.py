@@ -4,8 +4,9 @@ usage: python3 benchmarks/token_loop_registers.py {verify,commit} T BV [--budget
        [--set NAME=0|1 ...] [--sass]
 
 Compiles ``kernels.verify_token_loop._verify_token_loop_kernel`` or
-``kernels.commit._commit_token_loop_kernel`` at the k3-tp8 shape (H=12, K=V=128, bf16 activations, fp32 state, a lower bound) as their
-launchers do (one warp, one stage, ``--budget`` as ``maxnreg``), with the ptxas and
+``kernels.commit_token_loop._commit_token_loop_kernel`` at the k3-tp8 shape (H=12, K=V=128,
+bf16 activations, fp32 state, a lower bound) as their launchers do (one warp, one stage,
+``--budget`` as ``maxnreg``), with the ptxas and
 cuobjdump that ship with Triton, and prints the registers per thread, the bytes of local
 memory (spills) and the SASS instruction count; ``--sass`` also prints the SASS. ``--set``
 turns a mode on or off: ``HAS_RECORD_INDICES``, ``WINDOW_AT_ONCE``, ``FLUSH``,
@@ -32,7 +33,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from kernels import commit, verify_token_loop  # noqa: E402
+from kernels import commit_token_loop, verify_token_loop  # noqa: E402
 
 H, K, V, ROWS = 12, 128, 128, 4  # the k3-tp8 shape; rows of the (unused) buffers the signature is read from
 
@@ -59,7 +60,7 @@ def kernel_arguments(kernel: str, spec_len: int, modes: dict[str, bool]) -> tupl
 def compile_token_loop(kernel: str, spec_len: int, block_v: int, modes: dict[str, bool], budget: int | None):
     """The kernel compiled for sm_90 (a ``triton.compiler.CompiledKernel``), its arguments
     specialised as the runtime would specialise the launchers' own."""
-    fn = verify_token_loop._verify_token_loop_kernel if kernel == "verify" else commit._commit_token_loop_kernel
+    fn = verify_token_loop._verify_token_loop_kernel if kernel == "verify" else commit_token_loop._commit_token_loop_kernel
     constants = dict(H=H, K=K, V=V, T=spec_len, BK=K, BV=block_v, HAS_LOWER_BOUND=True, DEPENDENT=True, **modes)
     if kernel == "verify":
         constants.update(BT=triton.next_power_of_2(spec_len), FENCED=True)
