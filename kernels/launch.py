@@ -78,6 +78,9 @@ class Key:
 
 @dataclass(frozen=True)
 class Rule:
+    """One entry of the decision table: ``design`` runs where ``holds`` (and no rule above it
+    does), for the reason ``why``."""
+
     design: str
     holds: Callable[[Key], bool]
     why: str
