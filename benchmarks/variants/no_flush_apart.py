@@ -1,8 +1,6 @@
-"""The flushing verify never runs as the fold then the stock token loop (``flush_apart``):
-at one (row, head) pair count it takes the fused flushing loop instead."""
+"""The flushing verify never runs as the fold then the stock token loop (``flush-apart``): at
+B=1 it takes the fused flushing loop instead (``KDA_DESIGN``)."""
 
-from kernels import launch
+from benchmarks.variants.overrides import environment, wrap_api
 
-from benchmarks.variants.overrides import attributes, wrap_api
-
-wrap_api(globals(), lambda: attributes(**{"launch:_FLUSH_APART_PAIRS": (launch, 0)}))
+wrap_api(globals(), lambda: environment(KDA_DESIGN="flush-verify=token-loop-token-by-token"))

@@ -11,7 +11,7 @@ _shipped = verify.verify_config
 
 
 def _uncapped(*args, **kwargs):
-    return dataclasses.replace(_shipped(*args, **kwargs), window_max_registers=None, state_max_registers=None)
+    return dataclasses.replace(_shipped(*args, **kwargs), key_side_max_registers=None, max_registers=None)
 
 
 wrap_api(globals(), lambda: attributes(**{"verify:verify_config": (verify, _uncapped)}))

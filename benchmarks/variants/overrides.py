@@ -2,14 +2,18 @@
 overridden, for side-by-side timing: ``kda bench --impl triton,benchmarks/variants/NAME.py``.
 
 ``wrap_api(namespace, patch)`` fills ``namespace`` (a variant file's globals) with the kernel
-API, each function running inside ``patch()``, a context manager that sets and restores the
-overridden names. Import it with the repository root on ``sys.path`` (``PYTHONPATH=.``).
+API, each function running inside ``patch()``, a context manager that sets and restores what
+it overrides: the public switches (``environment``: ``KDA_DESIGN`` forces a design,
+``KDA_DEPENDENT_LAUNCH=0`` plain stream order) or, for a choice that no switch reaches, names
+in a module (``attributes``). Import it with the repository root on ``sys.path``
+(``PYTHONPATH=.``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import kernels
 
@@ -30,6 +34,21 @@ def attributes(**targets):
     finally:
         for key, (module, _) in targets.items():
             setattr(module, key.split(":")[1], saved[key])
+
+
+@contextlib.contextmanager
+def environment(**values: str):
+    """Set the environment variables ``values``; restore them on exit."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def wrap_api(namespace: dict, patch) -> None:

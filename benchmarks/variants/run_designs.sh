@@ -20,7 +20,7 @@ run() {  # run NAME SECONDS BENCH-ARGS...: one bench, bounded in time, saved to 
 }
 
 run small 260 --spec-len 4,8 --batch 1,2,4,8,16,32 --ops verify,commit,flush-verify,step-stock,step-deferred \
-    --impl triton,$V/no_flush_apart.py,$V/uniform_register_budget.py,$V/release_at_exit.py,benchmarks/plain_order_impl.py
+    --impl triton,$V/no_flush_apart.py,$V/uniform_register_budget.py,$V/verify_two_kernels.py,$V/plain_order.py
 run large 260 --spec-len 4,8 --batch 64,128,256 --ops verify,commit,flush-verify,step-stock,step-deferred \
-    --impl triton,$V/no_wait_by_row.py,$V/no_state_descriptor.py,$V/no_flush_register_caps.py,$V/release_at_exit.py,benchmarks/plain_order_impl.py
+    --impl triton,$V/no_flush_register_caps.py,$V/plain_order.py
 exit "$status"

@@ -6,6 +6,6 @@ from kernels import launch
 from benchmarks.variants.overrides import attributes, wrap_api
 
 wrap_api(globals(), lambda: attributes(**{
-    "launch:_FLUSH_WIDE_TILE_PAIRS": (launch, -1),
-    "launch:_commit_token_registers": (launch, lambda pairs: launch._TOKEN_LOOP_REGISTERS),
+    "launch:_token_loop_budget": (launch, lambda key, rows, flush: launch._TOKEN_LOOP_REGISTERS),
+    "launch:_commit_token_budget": (launch, lambda key: launch._TOKEN_LOOP_REGISTERS),
 }))

@@ -2,6 +2,6 @@
 loop and the one pass against the design they stand in for at small batches:
 ``kda bench --impl triton,benchmarks/variants/verify_two_kernels.py --batch 1,8,16 --ops verify``."""
 
-from benchmarks.variants.under_env import api_under
+from benchmarks.variants.overrides import environment, wrap_api
 
-globals().update(api_under({"KDA_DESIGN": "verify=two-kernels"}))
+wrap_api(globals(), lambda: environment(KDA_DESIGN="verify=two-kernels"))
