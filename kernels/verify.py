@@ -84,7 +84,7 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
     """``kda_recoverssm_flush`` then ``kda_recoverssm_verify(..., record_indices=record_rows)``
     (docs/design.md §7) with one read of each state tile: the state kernel folds a row's
     pending records into its tile, stores it in place and runs the window from it (for the
-    fewest pairs, ``flush_apart``: the flush's fold, then verify, which consumes the counts).
+    fewest pairs, ``flush-apart``: the flush's fold, then verify, which consumes the counts).
     ``plan`` receives the flush plan; every pending count is consumed once."""
     check_pending_args(state_indices, record_rows, pending, plan)
     d = check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records,
