@@ -1,6 +1,7 @@
 """What the CUDA device under a tensor can do, asked once per device.
 
-Programmatic dependent launch (``kernels.dependent_launch``) needs Hopper (sm_90) or later.
+Two features here need Hopper (sm_90) or later: programmatic dependent launch
+(``kernels.dependent_launch``) and tensor-memory-access copies (``kernels.state_blocks``).
 """
 
 from __future__ import annotations
