@@ -1,7 +1,6 @@
 """What the CUDA device under a tensor can do, asked once per device.
 
-Two features here need Hopper (sm_90) or later: programmatic dependent launch
-(``kernels.dependent_launch``) and tensor-memory-access copies (``kernels.state_blocks``).
+Programmatic dependent launch (``kernels.dependent_launch``) needs Hopper (sm_90) or later.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ DOT_PRECISION = "tf32x3"
 DESIGN_ENV = "KDA_DESIGN"
 
 DESIGNS = {
-    "verify": ("token-loop", "one-pass", "two-kernels", "two-kernels-descriptor"),
+    "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
 }
@@ -95,8 +95,6 @@ _VERIFY_RULES = (
          "few tokens: a program's serial chain of per-token reductions is the whole time, and this one is shortest"),
     Rule("one-pass", lambda key: key.pairs <= 192,
          "few pairs: every V-tile rebuilding the key side costs less than waiting for a second kernel"),
-    Rule("two-kernels-descriptor", lambda key: key.pairs > 1024 and key.V % _verify_state_rows(key) == 0,
-         "many pairs: state blocks through a tensor descriptor (TMA on sm_90) take fewer instructions"),
     Rule("two-kernels", _always, "the key side once per (row, head), then one pipelined read of each state tile"),
 )
 

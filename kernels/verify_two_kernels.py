@@ -12,9 +12,7 @@ Both walk the key channels in blocks (the state kernel as a pipelined loop of pr
 that no program holds a whole ``[T, K]`` or ``[BV, K]`` tile in registers and many programs
 run per SM with their state reads overlapping. The key side issues a block's loads before
 the previous block's stores (which, for all the compiler knows, may alias them), and the
-state kernel loads its other inputs before its state blocks. At the largest batches the
-stock state kernel loads its state blocks through a tensor descriptor
-(``two-kernels-descriptor``, ``kernels.state_blocks``).
+state kernel loads its other inputs before its state blocks.
 
 Its flushing form (``FLUSH``): a second key-side program per (row, head) builds the fold
 operand of the row's pending records (``kernels.fold``) before this window's records
@@ -34,7 +32,6 @@ from kernels.dependent_launch import (
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
-from kernels.state_blocks import state_block_descriptor
 from kernels.triton_math import NULL_SLOT, record_key_inverse_norms, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
@@ -171,8 +168,8 @@ def _verify_key_side_kernel(
 
 @triton.jit
 def _verify_state_kernel(
-    tokens, token_strides, state_ptr, state_blocks, window_operands, correction_ptr, fold_operands, pending_ptr,
-    commit_lens_ptr, rows, stride_state_indices,
+    tokens, token_strides, state_ptr, window_operands, correction_ptr, fold_operands, pending_ptr, commit_lens_ptr,
+    rows, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
     STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -181,9 +178,7 @@ def _verify_state_kernel(
     """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
     tiles is token ``c``'s correction for ``c < BM / 2`` and token ``c - BM / 2``'s output after.
     ``S_0 [W; P]^T`` is accumulated over blocks of ``BKK`` state columns, loads pipelined,
-    then its columns are scaled by ``row_scale``. The blocks are loaded through pointers, or
-    through ``state_blocks`` where that is a tensor descriptor of ``[BV, BKK]`` blocks over the
-    state's rows (``kernels.state_blocks``).
+    then its columns are scaled by ``row_scale``.
 
     The window's other inputs (``window_inputs``) are loaded before the state blocks, so
     that their latency overlaps the products'. With ``FLUSH``, each state block is first
@@ -236,10 +231,7 @@ def _verify_state_kernel(
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 mask_vk = mask_v & (offs_k < K)[None, :]
-                if state_blocks is None:
-                    S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
-                else:
-                    S = state_blocks.load([((slot * H + h) * V + pid_v * BV).to(tl.int32), k0])
+                S = tl.load(state_rows + offs_k[None, :], mask=mask_vk, other=0.0)
                 if FLUSH:
                     # the flush's fold of this block (docs/design.md §7), stored in place; the
                     # window then runs from the stored (rounded) state, as after a flush
@@ -282,10 +274,8 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
     _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
-        tokens, token_strides, call.state,
-        state_block_descriptor(call.state, cfg.block_v, cfg.block_kk, cfg.design == "two-kernels-descriptor"),
-        (operand, row_scale, mix), call.records.correction, (fold, decay), pending, plan_rows[0], rows,
-        call.state_indices.stride(0),
+        tokens, token_strides, call.state, (operand, row_scale, mix), call.records.correction, (fold, decay), pending,
+        plan_rows[0], rows, call.state_indices.stride(0),
         H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
         FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps,

@@ -21,7 +21,6 @@ from kernels.capability import is_hopper_or_later
 from kernels.commit import fold_pending
 import kernels.dependent_launch as dependent_launch_module
 from kernels.dependent_launch import dependent_launch, row_counters
-from kernels.state_blocks import state_block_descriptor
 from tests.kernel_problems import (
     Problem,
     float64_records,
@@ -63,8 +62,7 @@ CONFIGS = [
 
 # the stock round trip pairs every design of each op with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
-                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide"),
-                 ("two-kernels-descriptor", "fold-operand-once")]
+                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
 
 
 def use_designs(monkeypatch, **designs: str) -> None:
@@ -91,8 +89,7 @@ def verify_design(request, monkeypatch):
 
 def test_design_table_follows_pair_count():
     """K3 per TP8 rank (H=12) on the H200 the table is tuned on. Verify: one token at a time up
-    to B=8 at T=4 and B=4 at T=8, one kernel up to B=16, two from B=17, their state blocks
-    through a tensor descriptor from B=86. Flushing: at B=1 the flush apart; one token at a
+    to B=8 at T=4 and B=4 at T=8, one kernel up to B=16, two from B=17. Flushing: at B=1 the flush apart; one token at a
     time up to B=8 at T=4 (the window read at once up to B=2) and B=4 at T=8, else two
     kernels. Commit: one token at a time up to B=32 at T=4 and B=8 at T=8 (never past B=32),
     then the fold operand in every V-tile up to B=10, once from B=11, 64 key channels a
@@ -102,7 +99,7 @@ def test_design_table_follows_pair_count():
 
     verify, commit = kernels.launch.verify_config, kernels.launch.commit_config
     assert designs(verify, (8, 9, 16, 17, 85, 86), 4) == [
-        "token-loop", "one-pass", "one-pass", "two-kernels", "two-kernels", "two-kernels-descriptor"]
+        "token-loop", "one-pass", "one-pass", "two-kernels", "two-kernels", "two-kernels"]
     assert designs(verify, (4, 5), 8) == ["token-loop", "one-pass"]
     assert designs(verify, (1, 2, 3, 8, 9), 4, flush=True) == [
         "flush-apart", "token-loop-at-once", "token-loop-token-by-token", "token-loop-token-by-token",
@@ -117,7 +114,6 @@ def test_design_table_follows_pair_count():
     # the same pairs per SM on a GPU of half the SMs: half the batch
     half = kernels.launch.Target(compiled=True, sm_count=66)
     assert designs(verify, (4, 5, 8, 9), 4, target=half) == ["token-loop", "one-pass", "one-pass", "two-kernels"]
-    assert verify(256, 12, 128, 96, 8).design == "two-kernels"  # no descriptor where the tiles do not divide V
 
 
 def test_design_tiles():
@@ -151,14 +147,6 @@ def test_token_loops_take_a_register_budget():
     assert {verify(b, 12, 128, 128, 8, flush=True).max_registers for b in (2, 4)} == {168}
     budgets = [commit(b, 12, 128, 128, 4).max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
     assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
-
-
-def test_state_descriptor_covers_the_state_rows():
-    """The descriptor covers the state's rows in the tiles asked for (on the CPU too)."""
-    state = torch.zeros(3, 2, 64, 32)
-    blocks = state_block_descriptor(state, 64, 32, True)
-    assert list(blocks.shape) == [3 * 2 * 64, 32] and list(blocks.block_shape) == [64, 32]
-    assert state_block_descriptor(state, 64, 32, False) is None
 
 
 @pytest.mark.parametrize("value, message", [
@@ -712,8 +700,7 @@ def test_dependent_launch_only_on_cuda(monkeypatch):
 
 
 def test_hopper_features_follow_the_device(monkeypatch):
-    """Dependent launch and state blocks through a descriptor: CUDA sm_90 and later only
-    (a descriptor also on the CPU, where the interpreter runs it), whatever the device's index."""
+    """Dependent launch: CUDA sm_90 and later only, whatever the device's index."""
     assert not is_hopper_or_later(torch.device("cpu"))
     if torch.cuda.is_available():
         hopper = torch.cuda.get_device_capability()[0] >= 9
@@ -721,8 +708,6 @@ def test_hopper_features_follow_the_device(monkeypatch):
         assert is_hopper_or_later(torch.device("cuda")) == is_hopper_or_later(indexed) == hopper
         monkeypatch.setenv("KDA_DEPENDENT_LAUNCH", "1")
         assert dependent_launch(indexed) == {"DEPENDENT": hopper, "launch_pdl": hopper}
-        state = torch.zeros(3, 2, 64, 32, device=indexed)
-        assert (state_block_descriptor(state, 64, 32, True) is not None) == hopper
 
 
 def _decode_steps(batch: int, dependent: bool, capture: bool, monkeypatch, seed: int) -> list[torch.Tensor]:
