@@ -104,7 +104,7 @@ def plan_flush_rows(rows, in_batch, state_indices_ptr, record_rows_ptr, pending_
                     final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
                     stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
     """Plan batch rows ``rows`` (a scalar or a vector, where ``in_batch``) to fold their
-    pending counts in place, and consume those counts (docs: section 7)."""
+    pending counts in place, and consume those counts (docs/design.md §7)."""
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
     row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
     live = in_batch & (slot > null_block_id) & (row >= 0)
