@@ -230,7 +230,9 @@ def test_a_signal_during_capture_waits_for_its_end():
 
 def _interrupt_the_second_row(monkeypatch) -> None:
     """Ctrl-C as the second row's timing starts."""
-    time_calls = bench._time_calls
+    from traces.bench import timers
+
+    time_calls = timers.time_calls
     calls = []
 
     def interrupted_second(*args, **kwargs):
@@ -239,7 +241,7 @@ def _interrupt_the_second_row(monkeypatch) -> None:
             raise KeyboardInterrupt
         return time_calls(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "_time_calls", interrupted_second)
+    monkeypatch.setattr(timers, "time_calls", interrupted_second)
 
 
 def test_an_interrupted_run_keeps_the_rows_it_finished(device, monkeypatch, tmp_path):

@@ -1,0 +1,273 @@
+"""The bench workload: presets, what a run asks for, and ``n_sets`` disjoint decode layers.
+
+For each batch size ``B`` and window ``T`` the workload holds ``n_sets`` disjoint copies of
+one decode layer: each set has its own ``B`` state slots in one pool
+(``[1 + n_sets*B, H, V, K]``, slot 0 null), its own record rows, activations, outputs,
+commit plan and pending counts. All rows are real with full windows (``T`` tokens each);
+``num_accepted`` is ``T`` for every row (``accept="full"``) or uniform in ``0..T`` from a
+seeded generator (``accept="random"``), the same draw for every set (a request's accepted
+count is the same in every layer). ``n_sets`` is chosen so that one sample reads at least
+``touch_bytes`` of state (default 512 MiB, several times an H200's ~60 MB L2), capped by
+free memory; it is reported with every row.
+
+What one sample runs (``OPS``; each entry runs over every set, like consecutive layers):
+
+    verify         verify(s) for each s
+    plan           plan(s) for each s
+    defer          defer(s) for each s             (plan restored: defer zeroes commit_lens)
+    commit         commit(s) for each s            (in place, final = source)
+    flush          flush(s) for each s             (flush plan + in-place commit)
+    flush-verify   flush-verify(s) for each s      (one ``kda_recoverssm_flush_verify`` call
+                                                    where the implementation has it, else
+                                                    flush(s) then verify(s))
+    step-stock     verify(s) for each s; then plan(s), commit(s) for each s
+    step-deferred  flush-verify(s) for each s; then plan-deferred(s) for each s (one
+                                                    ``kda_recoverssm_plan_deferred`` call where
+                                                    the implementation has it, else plan(s)
+                                                    then defer(s))
+
+The step orders follow a real decode step: verify in the forward pass of every layer,
+plan and commit after sampling; a deferred step flushes a layer's pending replay right
+before its verify and defers after sampling. The plan is run once per set, which slightly
+over-counts a step whose plan is shared by all layers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from traces.bench.contract_bytes import Shape
+
+OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
+STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ACCEPT_MODES = ("full", "random")
+MODES = ("graph", "eager")
+DEFAULT_TOUCH_BYTES = 512 * 2**20
+_MAX_SETS = 4096
+_MEMORY_FRACTION = 0.5
+# Ops that write the checkpoint pool and so need it restored before every sample.
+_WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model shape: heads, head dims, default window, activation dtype, gate lower bound."""
+
+    heads: int
+    head_k_dim: int
+    head_v_dim: int
+    spec_len: int
+    activation_dtype: str
+    lower_bound: float | None
+    batches: tuple[int, ...]
+
+
+PRESETS = {
+    "k3-tp8": Preset(12, 128, 128, 8, "bfloat16", -5.0, (1, 8, 32, 64, 128, 256)),
+    "tiny": Preset(2, 16, 16, 2, "bfloat16", -5.0, (1, 3)),
+}
+
+
+@dataclass
+class BenchConfig:
+    """What to run. ``impls`` are specs for ``traces.impl.load_impl``; ``touch_bytes`` is
+    the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples."""
+
+    preset: str = "k3-tp8"
+    batches: tuple[int, ...] = ()
+    spec_lens: tuple[int, ...] = ()
+    state_dtype: str = "fp32"
+    accept: str = "full"
+    impls: tuple[str, ...] = ("triton",)
+    ops: tuple[str, ...] = OPS
+    mode: str = "graph"
+    reps: int = 100
+    row_seconds: float = 2.0
+    touch_bytes: int = DEFAULT_TOUCH_BYTES
+    seed: int = 0
+    smoke: bool = False
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r} (known: {', '.join(PRESETS)})")
+        p = PRESETS[self.preset]
+        self.batches = tuple(self.batches) or p.batches
+        self.spec_lens = tuple(self.spec_lens) or (p.spec_len,)
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
+        if self.accept not in ACCEPT_MODES:
+            raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, got {self.accept!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not self.ops:
+            raise ValueError("no ops to time")
+        unknown = [op for op in self.ops if op not in OPS]
+        if unknown:
+            raise ValueError(f"unknown op {unknown[0]!r} (known: {', '.join(OPS)})")
+        for name, values in (("batch", self.batches), ("spec-len", self.spec_lens)):
+            if any(v < 1 for v in values):
+                raise ValueError(f"every {name} must be a positive integer, got {list(values)}")
+        if not self.impls or len(set(self.impls)) != len(self.impls):
+            raise ValueError(f"implementations must be given once each, got {list(self.impls)}")
+        if self.reps < 1 or self.row_seconds <= 0 or self.touch_bytes < 1:
+            raise ValueError("reps, row seconds and touch bytes must be positive")
+
+
+
+def accepted_counts(accept: str, batch: int, spec_len: int, seed: int) -> list[int]:
+    """``num_accepted`` per row: ``spec_len`` each, or uniform in ``0..spec_len`` seeded by
+    ``(seed, batch, spec_len)`` so that adding batch sizes does not change other draws."""
+    if accept == "full":
+        return [spec_len] * batch
+    rng = random.Random(f"{seed}:{batch}:{spec_len}")
+    return [rng.randint(0, spec_len) for _ in range(batch)]
+
+
+class Workload:
+    """``n_sets`` disjoint layers of one (B, T) problem on ``device`` for one implementation.
+
+    ``run(name)`` issues one sample of an op or step; ``restore(name)`` puts back what it
+    consumes (pending counts, plan columns, and the state pool when the op writes it).
+    """
+
+    def __init__(self, impl: ModuleType, preset: Preset, state_dtype: torch.dtype, batch: int, spec_len: int,
+                 counts: list[int], n_sets: int, device: str, seed: int):
+        H, K, V, T, B = preset.heads, preset.head_k_dim, preset.head_v_dim, spec_len, batch
+        act = getattr(torch, preset.activation_dtype)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        self.impl, self.T, self.lower_bound, self.n_sets = impl, T, preset.lower_bound, n_sets
+
+        def randn(*size: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+            return (torch.randn(*size, generator=gen, device=device) * scale).to(dtype)
+
+        tokens = B * T
+        self.q = randn(n_sets, tokens, H, K, dtype=act)
+        self.k = randn(n_sets, tokens, H, K, dtype=act)
+        self.g = randn(n_sets, tokens, H, K, dtype=act)
+        self.v = randn(n_sets, tokens, H, V, dtype=act)
+        self.beta = randn(n_sets, tokens, H, dtype=act)
+        self.out = torch.zeros_like(self.v)
+        self.A_log = torch.log(torch.rand(H, generator=gen, device=device) * 15 + 1)
+        self.dt_bias = randn(H * K, dtype=torch.float32, scale=0.5)
+        self.pool = randn(1 + n_sets * B, H, V, K, dtype=state_dtype, scale=0.1)
+        self.pool[0].zero_()
+        self.pristine_pool = self.pool.clone()
+        self.qsl = torch.arange(0, tokens + 1, T, dtype=torch.int32, device=device)
+        self.slots = torch.arange(1, 1 + n_sets * B, dtype=torch.int32, device=device).view(n_sets, B)
+        self.record_rows = torch.arange(B, dtype=torch.int32, device=device)
+        n = torch.tensor(counts, dtype=torch.int32, device=device).clamp(0, T)
+        self.num_accepted = n.repeat(n_sets, 1)
+        self.records = impl.allocate_records(n_sets * B, H, T, K, V, act, device)
+        self.records.correction.copy_(randn(*self.records.correction.shape, dtype=torch.float32, scale=0.1))
+        self.records.key_gate.copy_(randn(*self.records.key_gate.shape, dtype=act))
+        # Stock plan (docs/design.md §6) for real rows: fold n in place, no boundary.
+        folds = (self.num_accepted > 0).to(torch.int32)
+        self.pristine_plan = torch.stack([self.num_accepted * folds, self.slots * folds,
+                                          torch.zeros_like(self.slots), torch.zeros_like(self.slots)])
+        self.plan_columns = self.pristine_plan.clone()
+        self.pristine_pending = self.num_accepted.clone()
+        self.pending = self.pristine_pending.clone()
+
+        records_type = type(self.records)
+        self.sets = []
+        for s in range(n_sets):
+            rows = slice(s * B, (s + 1) * B)
+            self.sets.append(dict(
+                q=self.q[s:s + 1], k=self.k[s:s + 1], g=self.g[s:s + 1], v=self.v[s:s + 1],
+                beta=self.beta[s:s + 1], out=self.out[s:s + 1], slots=self.slots[s],
+                accepted=self.num_accepted[s], pending=self.pending[s],
+                records=records_type(correction=self.records.correction[rows], key_gate=self.records.key_gate[rows]),
+                plan=impl.CommitPlan(*(self.plan_columns[c, s] for c in range(4))),
+            ))
+
+    def _verify(self, d: dict, record_indices: torch.Tensor | None) -> None:
+        self.impl.kda_recoverssm_verify(
+            d["q"], d["k"], d["v"], d["g"], d["beta"], self.A_log, self.dt_bias, self.lower_bound, self.pool,
+            d["records"], self.qsl, d["slots"], self.T, out=d["out"], record_indices=record_indices)
+
+    def _plan(self, d: dict) -> None:
+        self.impl.kda_recoverssm_plan(d["plan"], d["accepted"], self.qsl, d["slots"], self.T)
+
+    def _defer(self, d: dict) -> None:
+        self.impl.kda_recoverssm_defer(d["plan"], d["slots"], self.record_rows, d["pending"])
+
+    def _commit(self, d: dict) -> None:
+        self.impl.kda_recoverssm_commit(self.pool, d["records"], self.A_log, self.dt_bias, self.lower_bound,
+                                        d["slots"], d["plan"])
+
+    def _flush(self, d: dict) -> None:
+        self.impl.kda_recoverssm_flush(self.pool, d["records"], self.A_log, self.dt_bias, self.lower_bound,
+                                       d["slots"], self.record_rows, d["pending"], d["plan"])
+
+    def _plan_deferred(self, d: dict) -> None:
+        """The fused call where the implementation has it, else a plan and then a deferral."""
+        if not hasattr(self.impl, "kda_recoverssm_plan_deferred"):
+            self._plan(d)
+            self._defer(d)
+            return
+        self.impl.kda_recoverssm_plan_deferred(d["plan"], d["accepted"], self.qsl, d["slots"], self.T,
+                                               self.record_rows, d["pending"])
+
+    def _flush_verify(self, d: dict) -> None:
+        """The fused call where the implementation has it, else a flush and then a verify."""
+        if not hasattr(self.impl, "kda_recoverssm_flush_verify"):
+            self._flush(d)
+            self._verify(d, self.record_rows)
+            return
+        self.impl.kda_recoverssm_flush_verify(
+            d["q"], d["k"], d["v"], d["g"], d["beta"], self.A_log, self.dt_bias, self.lower_bound, self.pool,
+            d["records"], self.qsl, d["slots"], self.T, self.record_rows, d["pending"], d["plan"], out=d["out"])
+
+    def run(self, name: str) -> None:
+        """One sample of ``name``: the op (or step) over every set, in decode-step order."""
+        sets = self.sets
+        if name == "step-stock":
+            for d in sets:
+                self._verify(d, None)
+            for d in sets:
+                self._plan(d)
+                self._commit(d)
+        elif name == "step-deferred":
+            for d in sets:
+                self._flush_verify(d)
+            for d in sets:
+                self._plan_deferred(d)
+        else:
+            op = {"verify": lambda d: self._verify(d, None), "plan": self._plan, "defer": self._defer,
+                  "commit": self._commit, "flush": self._flush, "flush-verify": self._flush_verify}[name]
+            for d in sets:
+                op(d)
+
+    def restore(self, name: str) -> None:
+        """Put back the pending counts and plan columns, and the state pool if ``name`` writes it."""
+        self.plan_columns.copy_(self.pristine_plan)
+        self.pending.copy_(self.pristine_pending)
+        if name in _WRITES_STATE:
+            self.pool.copy_(self.pristine_pool)
+
+    def finite(self) -> bool:
+        """Whether outputs, records and the state pool hold no NaN or Inf."""
+        return all(bool(torch.isfinite(t).all()) for t in
+                   (self.out, self.pool, self.records.correction, self.records.key_gate))
+
+
+def set_bytes(preset: Preset, state_dtype: torch.dtype, batch: int, spec_len: int) -> int:
+    """Device memory of one set, its pristine state copy included."""
+    act = getattr(torch, preset.activation_dtype).itemsize
+    s = Shape(preset.heads, preset.head_k_dim, preset.head_v_dim, act, state_dtype.itemsize)
+    tokens = batch * spec_len
+    activations = tokens * preset.heads * (3 * preset.head_k_dim + 2 * preset.head_v_dim + 1) * act
+    return 2 * batch * s.slot_bytes + tokens * s.record_token_bytes + activations
+
+
+def choose_sets(slot_bytes: int, batch: int, touch_bytes: int, per_set_bytes: int, free_bytes: int | None) -> int:
+    """Sets needed to read ``touch_bytes`` of state per sample, capped by memory and ``_MAX_SETS``."""
+    wanted = max(2, math.ceil(touch_bytes / (batch * slot_bytes)))
+    if free_bytes is not None:
+        wanted = min(wanted, max(1, int(free_bytes * _MEMORY_FRACTION) // per_set_bytes))
+    return min(wanted, _MAX_SETS)
