@@ -1,6 +1,8 @@
-"""The ``kda`` Typer application. Commands live in one module each and register here.
+"""The ``kda`` Typer application: every command is registered here, one way; command modules
+never import this module.
 
-Heavy imports (torch, triton, the kernels) happen inside commands, so ``--help`` is fast.
+Heavy imports (torch, triton, the kernels) happen inside commands, after their arguments are
+checked, so ``--help`` and a bad argument are fast.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ import traceback
 
 import typer
 
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, make_console, printable
+from kda_cli.commands import bench, info, record, replay, repro, synth, version
+from kda_cli.commands import slice as slice_command
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, interrupted, stop_signals
 
 app = typer.Typer(
     name="kda",
-    help="Replay, benchmark and reproduce KDA RecoverSSM kernels.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: flags read as flags with every Typer version
 )
 
 
@@ -26,17 +30,26 @@ app = typer.Typer(
 def _root() -> None:
     """Replay, benchmark and reproduce KDA RecoverSSM kernels.
 
-    Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure.
-    Set KDA_DEBUG=1 for full tracebacks and NO_COLOR=1 for plain output.
+    Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure,
+    130/143 stopped by Ctrl-C/SIGTERM. Set KDA_DEBUG=1 for full tracebacks and NO_COLOR=1
+    for plain output.
     """
 
 
-def _register() -> None:
-    from kda_cli import commands  # noqa: F401  (each module adds its commands to ``app``)
+app.command()(version.version)
+app.command()(info.info)
+app.command()(replay.replay)
+app.command()(synth.synth)
+app.command("slice")(slice_command.slice_trace)
+app.command()(repro.repro)
+app.command()(bench.bench)
+app.add_typer(record.record_app, name="record")
 
 
 def _print_error(message: str) -> None:
     from rich.markup import escape
+
+    from kda_cli.output import make_console, printable
 
     make_console(stderr=True).print(f"[bold red]Error:[/] {escape(printable(message))}", markup=True)
 
@@ -50,12 +63,19 @@ def _usage_error(exc: Exception) -> str:
 
 def main() -> None:
     """Entry point: known failures become one ``Error:`` line; ``KDA_DEBUG=1`` shows tracebacks."""
-    _register()
+    from kda_cli.environment import check_imports
+
     debug = os.environ.get("KDA_DEBUG") == "1"
     try:
-        code = app(standalone_mode=False)  # a command's ``typer.Exit(n)`` comes back as ``n``
-        if isinstance(code, int) and code:
-            sys.exit(code)
+        with stop_signals():
+            check_imports()
+            code = app(standalone_mode=False)  # a command's ``typer.Exit(n)`` comes back as ``n``
+            if isinstance(code, int) and code:
+                sys.exit(code)
+    except KeyboardInterrupt:  # a command without a partial summary of its own
+        error = interrupted()
+        _print_error(str(error))
+        sys.exit(error.code)
     except CommandError as exc:
         if debug:
             traceback.print_exc()
@@ -64,9 +84,10 @@ def main() -> None:
     except (typer.Exit, SystemExit) as exc:
         code = getattr(exc, "exit_code", None)
         sys.exit(code if code is not None else getattr(exc, "code", 0))
-    except typer.Abort:
-        _print_error("aborted")
-        sys.exit(EXIT_RUNTIME)
+    except typer.Abort:  # click turns Ctrl-C inside a prompt into Abort
+        error = interrupted()
+        _print_error(str(error))
+        sys.exit(error.code)
     except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
         # a path the user named cannot be read or written: bad input, not a runtime failure
         if debug:

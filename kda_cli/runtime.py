@@ -1,13 +1,15 @@
-"""Process-level set-up shared by every command: device choice, errors and exit codes.
+"""Process-level set-up shared by every command: exit codes, errors, signals, device choice.
 
-Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure.
+Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure,
+130 and 143 stopped by SIGINT (Ctrl-C) and SIGTERM.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-import unicodedata
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -16,8 +18,8 @@ EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 3
 
-FORMATS = ("human", "json")
-"""What ``--format`` accepts, for every command that prints a report."""
+_signals: list[int] = []
+"""The stopping signal received first (SIGINT or SIGTERM), once one has come."""
 
 
 class CommandError(Exception):
@@ -28,12 +30,32 @@ class CommandError(Exception):
         self.code = code
 
 
-def printable(text: str) -> str:
-    """``text`` with every control, format or line-separator character escaped as Python
-    writes it (``\\n``, ``\\x1b``, ``\\u202e``, ``\\u2028``), so that names and free
-    text from a file print as one inert line."""
-    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch)[0] == "C"
-                   or unicodedata.category(ch) in ("Zl", "Zp") else ch for ch in text)
+def _stop(signum: int, frame) -> None:
+    """The first SIGINT or SIGTERM stops the command as ``KeyboardInterrupt``; later ones
+    are ignored, so the clean-up it starts (temporary files, partial summaries) finishes."""
+    if not _signals:
+        _signals.append(signum)
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def stop_signals() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM stop the command as ``KeyboardInterrupt`` (``interrupted``
+    then gives its exit status); the handlers before are back after. Main thread only."""
+    _signals.clear()
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def interrupted(detail: str = "") -> CommandError:
+    """The ``Error:`` line and exit status (128 + signal number) of a command stopped by a signal."""
+    signum = _signals[0] if _signals else signal.SIGINT
+    name = signal.Signals(signum).name
+    return CommandError(f"interrupted by {name}" + (f"; {detail}" if detail else ""), 128 + int(signum))
 
 
 def cuda_available() -> bool:
@@ -46,6 +68,9 @@ def select_device() -> str:
     """``cuda`` when present; otherwise switch Triton to its interpreter and use the CPU.
 
     Must run before ``kernels`` is imported: the interpreter is chosen when kernels are defined.
+    Under the interpreter, numpy's ``RuntimeWarning`` when ``exp`` overflows to inf (as a
+    sigmoid's may) is hidden: the result is IEEE-correct and any non-finite output fails the
+    comparison anyway.
     """
     if cuda_available():
         return "cuda"
@@ -53,13 +78,8 @@ def select_device() -> str:
         raise CommandError("no CUDA device, and the kernels were imported before the Triton interpreter "
                            "was enabled; set TRITON_INTERPRET=1", EXIT_RUNTIME)
     os.environ["TRITON_INTERPRET"] = "1"
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
     return "cpu"
-
-
-def check_format(format: str) -> None:
-    """``--format`` is human or json; anything else is a usage error."""
-    if format not in FORMATS:
-        raise CommandError(f"--format {format}: expected human or json", EXIT_BAD_INPUT)
 
 
 @contextmanager
@@ -73,15 +93,3 @@ def bad_input(prefix: str = "") -> Iterator[None]:
         yield
     except (TraceError, ImplError) as exc:
         raise CommandError(f"{prefix}{exc}", EXIT_BAD_INPUT) from None
-
-
-def make_console(stderr: bool = False, pipe_width: int | None = None):
-    """A rich console on stdout (or stderr) that honours ``NO_COLOR`` and never highlights;
-    when it writes to a file or a pipe, ``pipe_width`` columns unless ``COLUMNS`` is set."""
-    from rich.console import Console
-
-    out = Console(file=sys.stderr if stderr else sys.stdout, no_color=bool(os.environ.get("NO_COLOR")),
-                  highlight=False, soft_wrap=True)
-    if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
-        out.width = pipe_width
-    return out

@@ -36,8 +36,8 @@ def test_no_gpu_is_one_error_line_and_exit_3():
 
 @pytest.mark.parametrize("args, message", [
     (("--accept", "sometimes"), "accept must be one of full, random"),
-    (("--batch", "8,x"), "--batch expects comma-separated integers"),
-    (("--ops", "verify,fold"), "unknown op 'fold'"),
+    (("--batch", "8,x"), "--batch 8,x: expected comma-separated integers"),
+    (("--ops", "verify,fold"), "unknown op fold (known: verify, plan"),
 ])
 def test_bad_usage_is_one_error_line_and_exit_2(args, message):
     result = kda("bench", *args, CUDA_VISIBLE_DEVICES="")

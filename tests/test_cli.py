@@ -4,8 +4,10 @@ for usage errors, and a ``--help`` that imports neither torch nor triton."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,164 @@ def test_an_unwritable_output_path_is_bad_input(tmp_path, capsys, monkeypatch):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "a-file" in lines[0]
     assert "Traceback" not in err and blocker.read_text() == "not a folder"
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _kda(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kda_cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "NO_COLOR": "1", **(env or {})})
+
+
+def _one_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench", "--preset", "huge"], "unknown preset huge"),
+    (["synth", "x.safetensors", "--preset", "huge"], "--preset huge: expected one of"),
+    (["replay", "--events", "30:10"], "--events 30:10: the range is empty (A must be less than B)"),
+    (["slice", "t.safetensors", "--events", "x", "--out", "u.safetensors"], "--events x: expected A:B"),
+    (["repro", "t.safetensors", "--out", "b", "--determinism", "1"], "--determinism 1"),
+])
+def test_argument_errors_come_before_torch_is_imported(args, needle, tmp_path):
+    """A bad argument is refused from the arguments alone: one line, exit 2, torch never loaded."""
+    probe = (f"import sys; sys.argv = ['kda', *{args!r}]\n"
+             "from kda_cli.app import main\n"
+             "try:\n    main()\nexcept SystemExit as exc:\n"
+             "    print('torch' in sys.modules, exc.code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    assert done.stdout.split() == ["False", "2"], done.stdout + done.stderr
+    assert needle in _one_error(done.stderr)
+
+
+def _commands():
+    import typer.main
+
+    from kda_cli.app import app
+
+    root = typer.main.get_command(app)
+    stack = [(name, cmd) for name, cmd in root.commands.items()]
+    while stack:
+        name, cmd = stack.pop()
+        if hasattr(cmd, "commands"):
+            stack += [(f"{name} {sub}", c) for sub, c in cmd.commands.items()]
+        else:
+            yield name, cmd
+
+
+def test_boolean_options_are_flags_in_every_command_and_its_help():
+    """A bool option takes no value, and its help shows the flag alone (no ``<bool>``/BOOLEAN)."""
+    seen = 0
+    for name, cmd in _commands():
+        for param in cmd.params:
+            if getattr(param, "is_bool_flag", False) or getattr(param, "type", None) is not None and \
+                    getattr(param.type, "name", "") == "boolean":
+                seen += 1
+                assert param.is_flag, f"{name} {param.opts}"
+        help_text = _kda(*name.split(), "--help").stdout
+        assert "<bool>" not in help_text and "BOOLEAN" not in help_text, help_text
+    assert seen >= 4  # replay --stop-at-first, --progress; bench --eager, --interpreter-smoke
+
+
+def test_no_command_module_imports_the_app_and_no_module_is_long():
+    for path in (REPO / "kda_cli" / "commands").glob("*.py"):
+        text = path.read_text()
+        assert "kda_cli.app" not in text.replace("``kda_cli.app``", ""), path
+    for folder in ("kda_cli", "traces"):
+        for path in (REPO / folder).rglob("*.py"):
+            assert len(path.read_text().splitlines()) <= 450, path
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["synth", "{missing}/t.safetensors"], "does not exist (create it first)"),
+    (["synth", "{folder}"], "is a folder; name a file"),
+    (["slice", "{trace}", "--events", "0:1", "--out", "{missing}/deep/cut.safetensors"], "does not exist"),
+    (["repro", "{trace}", "--out", "{missing}/deep/bug"], "does not exist"),
+    (["bench", "--interpreter-smoke", "--save", "{missing}/run.json"], "--save"),
+    (["bench", "--interpreter-smoke", "--plot", "{folder}"], "--plot"),
+    (["record", "merge", "{folder}", "{missing}/t.safetensors"], "does not exist"),
+])
+def test_output_paths_are_checked_before_any_work_and_nothing_is_created(args, needle, tmp_path):
+    """Refused at once (no progress line, exit 2, one line); no folder appears."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    trace = tmp_path / "t.safetensors"
+    trace.write_bytes(b"")
+    names = {"missing": str(tmp_path / "missing"), "folder": str(folder), "trace": str(trace)}
+    done = _kda(*(a.format(**names) for a in args))
+    assert done.returncode == 2 and done.stdout == ""
+    assert needle in _one_error(done.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "t.safetensors"]
+    assert not any(folder.iterdir())
+
+
+def test_long_work_reports_progress_outside_a_terminal(tmp_path):
+    out = tmp_path / "t.safetensors"
+    done = _kda("synth", str(out), "--requests", "3")
+    assert done.returncode == 0, done.stderr
+    assert "synth: requests finished: " in done.stderr and "/3" in done.stderr
+    assert done.stdout.startswith(f"wrote {out}: ") and out.is_file()
+
+
+def test_human_output_has_no_python_reprs(tmp_path, capsys, monkeypatch):
+    from kda_cli.output import human_value, plural
+
+    assert human_value(["verify", "plan"]) == "verify, plan"
+    assert [human_value(v) for v in (None, "", {}, [], True)] == ["none", "none", "none", "none", "yes"]
+    assert human_value({"verify": 2, "plan": None}) == "verify 2, plan none"
+    assert (plural(1, "event"), plural(2, "event")) == ("1 event", "2 events")
+    out = tmp_path / "t.safetensors"
+    code, stdout, err = run_kda(["synth", str(out), "--requests", "1", "--steps", "1"], capsys, monkeypatch)
+    assert code == 0, err
+    code, stdout, err = run_kda(["info", str(out)], capsys, monkeypatch)
+    assert code == 0, err
+    for repr_text in ("None", "['", "{'", "--steps None"):
+        assert repr_text not in stdout, stdout
+
+
+def test_replay_explains_ops_without_recorded_results(capsys):
+    """The sample's commits carry no expected results: the per-op row says 0 tensors, and a
+    line says why instead of leaving ``commit 4 0 0 n/a`` unexplained."""
+    from kda_cli.commands.replay import _render
+    from traces.compare import DEFAULT_TOLERANCES
+    from traces.replay import EventReport, ReplayReport
+    from traces.schema import BufferSizes, Dims, Manifest
+
+    report = ReplayReport("t.safetensors", "reference", "cpu", dict(DEFAULT_TOLERANCES), event_range=(0, 4),
+                          events=[EventReport(i, "commit", [], None) for i in range(4)])
+    manifest = Manifest(Dims(H=2, K=16, V=16, T=4), "bfloat16", "float32", -5.0, BufferSizes(2, 2, 2), {}, {})
+    manifest.events = []
+    _render(report, manifest)
+    out = capsys.readouterr().out
+    assert "commit: 4 events with no recorded results; they ran, to carry the buffers forward, but there was " \
+           "nothing to compare" in out
+
+
+def test_one_triton_version_the_tested_one_is_the_floor():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    tritons = [d for d in project["dependencies"] if d.startswith("triton")]
+    assert tritons == ["triton>=3.6.0"]
+    assert not [d for extra in project["optional-dependencies"].values() for d in extra if d.startswith("triton")]
+    assert project["name"] == "kda-recoverssm" and project["scripts"] == {"kda": "kda_cli.app:main"}
+
+
+def test_a_package_shadowing_kernels_is_named_in_one_error_line(tmp_path):
+    """Another installed ``kernels`` ahead on the path: one line naming it and the fix, exit 3."""
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    info = tmp_path / "kernels-0.4.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.4\n")
+    (info / "top_level.txt").write_text("kernels\n")
+    done = _kda("version", env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    assert done.returncode == 3 and done.stdout == ""
+    line = _one_error(done.stderr)
+    assert "'kernels'" in line and "the installed package kernels" in line and "pip uninstall kernels" in line
+    assert "own environment" in line

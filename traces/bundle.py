@@ -52,7 +52,6 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"--out {out}: exists and is not an empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tmp.chmod(0o777 & ~umask())  # mkdtemp gives 0700; a bundle is a normal folder
     try:
@@ -64,14 +63,11 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
         if impl.endswith(".py") and Path(impl).is_file():
             shutil.copyfile(impl, tmp / Path(impl).name)
             impl_arg = f"./{Path(impl).name}"
-        command = ["python3", "-m", "kda_cli", "replay", TRACE_NAME, "--impl", impl_arg, "--stop-at-first",
+        command = [sys.executable, "-m", "kda_cli", "replay", TRACE_NAME, "--impl", impl_arg, "--stop-at-first",
                    *replay_args]
-        (tmp / "repro.sh").write_text(
-            "#!/bin/sh\n"
-            f"# kda repro bundle: {result.divergence.signature} (exit 0 would mean it is fixed)\n"
-            f'cd "$(dirname "$0")" && exec {shlex.join(command)} "$@"\n')
+        (tmp / "repro.sh").write_text(_script(command, str(result.divergence.signature)))
         (tmp / "repro.sh").chmod(0o755)
-        recheck = _recheck(tmp, [sys.executable, *command[1:], "--format", "json", "--no-progress"], timeout)
+        recheck = _recheck(tmp, ["sh", "repro.sh", "--format", "json", "--no-progress"], timeout)
         if recheck.signature != result.divergence.signature:
             raise BundleError(f"the shrunk trace does not fail the same way in a fresh process: expected "
                               f"{result.divergence.signature}, got {recheck.signature or 'a pass'} "
@@ -85,6 +81,26 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+NO_KDA_EXIT = 4
+"""``repro.sh``'s exit status when its Python cannot import kda (0, 1, 2, 3 are replay's)."""
+
+
+def _script(command: list[str], signature: str) -> str:
+    """``repro.sh``: the replay, run by the Python that wrote the bundle (``KDA_PYTHON`` picks
+    another); one line and exit ``NO_KDA_EXIT`` when that Python cannot import kda."""
+    python, args = command[0], shlex.join(command[1:])
+    return (
+        "#!/bin/sh\n"
+        f"# kda repro bundle: {signature} (exit 0 would mean it is fixed; {NO_KDA_EXIT}: kda not importable)\n"
+        f"PYTHON=${{KDA_PYTHON:-{shlex.quote(python)}}}\n"
+        'cd "$(dirname "$0")" || exit 2\n'
+        'if ! "$PYTHON" -c "import kda_cli" 2>/dev/null; then\n'
+        '  echo "repro.sh: $PYTHON cannot import kda; set KDA_PYTHON to a Python that has it" >&2\n'
+        f"  exit {NO_KDA_EXIT}\n"
+        "fi\n"
+        f'exec "$PYTHON" {args} "$@"\n')
 
 
 def _recheck(folder: Path, command: list[str], timeout: float) -> Recheck:
@@ -126,7 +142,8 @@ def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
         f"# kda repro: {d.signature}",
         "",
         f"Reproduce with `sh repro.sh`: exit {3 if d.signature.kind.startswith('raised') else 1} "
-        f"shows the failure again, exit 0 would mean it is fixed.",
+        f"shows the failure again, exit 0 would mean it is fixed. It runs the Python that wrote the bundle "
+        f"(`{command[0]}`; `KDA_PYTHON=...` picks another) and exits {NO_KDA_EXIT} when that one cannot import kda.",
         "",
         "## Command",
         "",
@@ -171,7 +188,7 @@ def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
 
 
 def _divergence_lines(label: str, d: Divergence, events: int) -> list[str]:
-    head = f"- {label} ({events} events): event {d.event}, op `{d.signature.op}`, tensor `{d.signature.tensor}`, " \
+    head = f"- {label} ({events} event{'' if events == 1 else 's'}): event {d.event}, op `{d.signature.op}`, tensor `{d.signature.tensor}`, " \
            f"{d.signature.kind}"
     c = d.comparison
     if c is None:

@@ -14,26 +14,10 @@ from typing import Any
 
 import torch
 
+from traces.tolerances import DEFAULT_TOLERANCES, EXACT, Tolerance  # noqa: F401  (re-exported)
+
 REL_EPS = 1e-6
 """Added to ``|b|`` in max rel, so that exact zeros do not divide by zero."""
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
-
-DEFAULT_TOLERANCES = {
-    "float64": Tolerance(1e-9, 1e-9),
-    "float32": Tolerance(2e-5, 2e-4),
-    "float16": Tolerance(2e-3, 2e-3),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-}
-"""Per-dtype defaults for float tensors. Integer tensors and the key/gate records (bit
-copies of verify's inputs) are always compared exactly."""
-
-EXACT = Tolerance(0.0, 0.0)
 
 
 @dataclass

@@ -20,7 +20,7 @@ def environment() -> dict[str, str]:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return {
-        "kda": _version("kda"),
+        "kda": _version("kda-recoverssm"),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "triton": _version("triton"),

@@ -98,6 +98,15 @@ class ReplayReport:
         }
 
 
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a signal raised as it) during a replay; ``report`` holds the events compared
+    before it."""
+
+    def __init__(self, report: "ReplayReport"):
+        super().__init__()
+        self.report = report
+
+
 def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
            tolerances: dict[str, Tolerance] | None = None, events: tuple[int, int] | None = None,
            stop_at_first: bool = False, progress: Callable[[int, int], None] | None = None) -> ReplayReport:
@@ -106,7 +115,8 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
     ``events=(a, b)`` compares events ``a..b-1`` only; events before ``a`` still run, to
     build the buffers. The final buffers are compared when the replay reaches the last
     event. ``stop_at_first`` stops after the first event with a mismatch. Raises
-    ``ReplayFailure`` when the implementation raises.
+    ``ReplayFailure`` when the implementation raises, ``ReplayInterrupted`` (a
+    ``KeyboardInterrupt``, with the partial report) when interrupted.
     """
     n = len(trace.events)
     start, stop = events if events is not None else (0, n)
@@ -116,6 +126,21 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
     report = ReplayReport(str(trace.path), name, device, tol, timed=timed, event_range=(start, stop),
                           routes=op_routes(impl, name))
     state = _Buffers(trace, impl, device)
+    try:
+        stopped = _run_events(trace, state, report, start, stop, tol, timed, stop_at_first, progress)
+    except KeyboardInterrupt:
+        raise ReplayInterrupted(report) from None
+    if not stopped and stop == n and trace.manifest.final:
+        report.final = state.compare_final(tol)
+    return report
+
+
+def _run_events(trace: Trace, state: "_Buffers", report: ReplayReport, start: int, stop: int,
+                tol: dict[str, Tolerance], timed: bool, stop_at_first: bool,
+                progress: Callable[[int, int], None] | None) -> bool:
+    """Run events ``0..stop-1`` on ``state``, comparing those from ``start`` into ``report``;
+    whether ``stop_at_first`` stopped it at a mismatch."""
+    n = len(trace.events)
     for i in range(stop):
         event = trace.events[i]
         try:
@@ -130,10 +155,8 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
             progress(i + 1, stop)
         if stop_at_first and report.events and not report.events[-1].passed:
             report.stopped_early = i + 1 < n
-            return report
-    if stop == n and trace.manifest.final:
-        report.final = state.compare_final(tol)
-    return report
+            return True
+    return False
 
 
 def _tolerance(role: str, dtype: torch.dtype, tol: dict[str, Tolerance]) -> Tolerance:

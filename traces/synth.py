@@ -20,75 +20,16 @@ its previous owner left in it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
 from kernels import reference as ref
 from traces.io import TraceBuilder
-from traces.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
+from traces.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Manifest
+from traces.synth_config import KEEP_EXPECTED, MODES, PRESETS, Preset, SynthConfig  # noqa: F401  (re-exported)
 from traces.validate import TORCH_DTYPES
-
-MODES = ("stock", "deferred", "mixed")
-KEEP_EXPECTED = ("all", "outputs", "none")
-
-
-@dataclass(frozen=True)
-class Preset:
-    dims: Dims
-    lower_bound: float | None
-    activation_dtype: str
-    state_dtype: str
-
-
-PRESETS = {
-    "k3-tp8": Preset(Dims(H=12, K=128, V=128, T=8), -5.0, "bfloat16", "float32"),
-    "tiny": Preset(Dims(H=2, K=16, V=16, T=4), -5.0, "bfloat16", "float32"),
-}
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    """A simulation. ``steps`` caps the decode steps (None: until every request finishes).
-    ``max_batch`` rows a step (padding included); ``num_slots`` defaults to
-    ``max_batch + 2`` (slot 0 is null), ``num_record_rows`` to ``max_batch``.
-    ``keep_expected``: ``all``; ``outputs`` drops commit/flush states (the big ones);
-    ``none`` keeps the final buffers only."""
-
-    preset: str = "tiny"
-    mode: str = "mixed"
-    requests: int = 8
-    steps: int | None = None
-    seed: int = 0
-    acceptance: float = 0.7
-    max_batch: int = 4
-    num_slots: int | None = None
-    num_record_rows: int | None = None
-    max_decode_steps: int = 6
-    eager_fraction: float = 0.3
-    stock_fraction: float = 0.3
-    keep_expected: str = "all"
-    note: str = ""
-
-    def check(self) -> None:
-        """Raise ``ValueError`` naming the option that cannot work."""
-        if self.preset not in PRESETS:
-            raise ValueError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
-        if self.mode not in MODES:
-            raise ValueError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if self.keep_expected not in KEEP_EXPECTED:
-            raise ValueError(f"--expected {self.keep_expected!r}: expected one of {', '.join(KEEP_EXPECTED)}")
-        if self.requests < 1 or self.max_batch < 1 or self.max_decode_steps < 1:
-            raise ValueError("--requests, --max-batch and decode steps must be positive")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError("--steps must be positive")
-        if not 0.0 <= self.acceptance <= 1.0:
-            raise ValueError(f"--acceptance {self.acceptance}: expected a rate in [0, 1]")
-        if self.num_slots is not None and self.num_slots < 2:
-            raise ValueError("--slots must be at least 2 (slot 0 is null)")
-        if self.num_record_rows is not None and self.num_record_rows < self.max_batch:
-            raise ValueError(f"--record-rows must be at least --max-batch ({self.max_batch})")
-
 
 @dataclass
 class _Request:
@@ -98,10 +39,11 @@ class _Request:
     pending: int = 0
 
 
-def synthesize(config: SynthConfig) -> TraceBuilder:
-    """Simulate ``config`` and return the trace, ready for ``TraceBuilder.write``."""
+def synthesize(config: SynthConfig, progress: Callable[[int, int], None] | None = None) -> TraceBuilder:
+    """Simulate ``config`` and return the trace, ready for ``TraceBuilder.write``.
+    ``progress(finished, requests)`` is called after every decode step."""
     config.check()
-    return _Simulation(config).run()
+    return _Simulation(config).run(progress)
 
 
 class _Simulation:
@@ -119,9 +61,9 @@ class _Simulation:
         sizes = BufferSizes(self.num_slots, self.num_rows, cfg.max_batch)
         from traces.provenance import trace_provenance
 
-        note = cfg.note or (f"kda synth --preset {cfg.preset} --mode {cfg.mode} --requests {cfg.requests} "
-                            f"--steps {cfg.steps} --seed {cfg.seed} --acceptance {cfg.acceptance} "
-                            f"--max-batch {cfg.max_batch}")
+        steps = "" if cfg.steps is None else f" --steps {cfg.steps}"
+        note = cfg.note or (f"kda synth --preset {cfg.preset} --mode {cfg.mode} --requests {cfg.requests}"
+                            f"{steps} --seed {cfg.seed} --acceptance {cfg.acceptance} --max-batch {cfg.max_batch}")
         manifest = Manifest(d, p.activation_dtype, p.state_dtype, p.lower_bound, sizes, {}, {},
                             provenance=trace_provenance("kda synth", note=note))
         self.out = TraceBuilder(manifest)
@@ -160,7 +102,7 @@ class _Simulation:
 
     # -- the scheduler ----------------------------------------------------------------
 
-    def run(self) -> TraceBuilder:
+    def run(self, progress: Callable[[int, int], None] | None = None) -> TraceBuilder:
         deferred_mode = self.cfg.mode != "stock"
         step = 0
         while (self.waiting or self.live) and (self.cfg.steps is None or step < self.cfg.steps):
@@ -170,6 +112,8 @@ class _Simulation:
                 self.decode_step(stock_step)
                 self.retire()
             step += 1
+            if progress is not None:
+                progress(self.cfg.requests - self.waiting - len(self.live), self.cfg.requests)
         if deferred_mode:
             self.flush(self.live)
         self.out.set_buffers("final", self.buffers())

@@ -5,52 +5,20 @@ The engine (workloads, timing, byte counts, save/compare) is ``traces.bench``.
 
 from __future__ import annotations
 
-import json
-import signal
-import sys
-from contextlib import contextmanager
-from typing import Iterator, List, Optional
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
-from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console
+from kda_cli.options import check_format, output_file, parse_ints, parse_names
+from kda_cli.output import emit, make_console, note, plural
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input
 
 NO_GPU = "kda bench needs a CUDA GPU; none found (use --interpreter-smoke for a CPU smoke run)"
 
 
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """Within: SIGTERM (``timeout``, a job scheduler) stops the run as Ctrl-C does, so the
-    rows finished so far are still saved and printed."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _ints(option: str, text: Optional[str]) -> tuple[int, ...]:
-    if text is None:
-        return ()
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise CommandError(f"{option} expects comma-separated integers, got {text!r}", EXIT_BAD_INPUT) from None
-    if not values or min(values) < 1:
-        raise CommandError(f"{option} expects positive integers, got {text!r}", EXIT_BAD_INPUT)
-    return values
-
-
-def _names(values: List[str]) -> tuple[str, ...]:
-    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
-
-
-def _stderr(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
+def _progress(message: str) -> None:
+    note(f"bench: {message}")
 
 
 def _fmt_us(value: float | None) -> str:
@@ -127,7 +95,6 @@ def _render_human(run, ratios: dict, comparison) -> None:
                       f"{f', {comparison.unmatched} rows without a base' if comparison.unmatched else ''}")
 
 
-@app.command()
 def bench(
     preset: Optional[str] = typer.Option(None, "--preset", help="workload shape: k3-tp8 (default), or tiny (smoke default)"),
     batch: Optional[str] = typer.Option(None, "--batch", help="batch sizes, comma-separated [preset's: 1,8,32,64,128,256]"),
@@ -147,10 +114,10 @@ def bench(
                                            help="state read per sample in MiB (default 512); sets the number of disjoint sets"),
     seed: int = typer.Option(0, "--seed", help="seed of inputs and of --accept random"),
     trace: Optional[str] = typer.Option(None, "--trace", help="time each event of this trace instead of a preset sweep"),
-    save: Optional[str] = typer.Option(None, "--save", help="write the run as JSON to this file"),
+    save: Optional[Path] = typer.Option(None, "--save", help="write the run as JSON to this file"),
     compare: Optional[str] = typer.Option(None, "--compare", help="a saved run: per-row time ratio and geometric mean"),
     format: str = typer.Option("human", "--format", help="human or json"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="write GB/s against batch to this PNG (needs matplotlib)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write GB/s against batch to this PNG (needs matplotlib)"),
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
 ) -> None:
@@ -166,6 +133,20 @@ def bench(
         if given:
             raise CommandError(f"{', '.join(given)} describe a preset sweep and do not apply with --trace",
                                EXIT_BAD_INPUT)
+    from traces.bench.config import OPS, BenchConfig
+
+    try:
+        config = BenchConfig(
+            preset=preset or ("tiny" if interpreter_smoke else "k3-tp8"), batches=parse_ints("--batch", batch),
+            spec_lens=parse_ints("--spec-len", spec_len), state_dtype=state_dtype or "fp32", accept=accept or "full",
+            impls=parse_names(impl), ops=parse_names([ops]) if ops is not None else OPS,
+            mode="eager" if eager else "graph", reps=reps, row_seconds=row_seconds,
+            touch_bytes=(touch_mb if touch_mb is not None else 512) * 2**20, seed=seed, smoke=interpreter_smoke)
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+    for option, path in (("--save", save), ("--plot", plot)):
+        if path is not None:
+            output_file(path, option, inputs=[Path(p) for p in (trace, compare) if p is not None])
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -174,15 +155,6 @@ def bench(
 
     from traces import bench as engine
 
-    try:
-        config = engine.BenchConfig(
-            preset=preset or ("tiny" if interpreter_smoke else "k3-tp8"), batches=_ints("--batch", batch),
-            spec_lens=_ints("--spec-len", spec_len), state_dtype=state_dtype or "fp32", accept=accept or "full",
-            impls=_names(impl), ops=_names([ops]) if ops is not None else engine.OPS,
-            mode="eager" if eager else "graph", reps=reps, row_seconds=row_seconds,
-            touch_bytes=(touch_mb if touch_mb is not None else 512) * 2**20, seed=seed, smoke=interpreter_smoke)
-    except ValueError as exc:
-        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     base = None
     if compare is not None:
         try:
@@ -194,7 +166,7 @@ def bench(
         from kda_cli.runtime import select_device
 
         device = select_device()
-        _stderr(engine.SMOKE_LABEL)
+        _progress(engine.SMOKE_LABEL)
     else:
         from kda_cli.runtime import cuda_available
 
@@ -202,38 +174,34 @@ def bench(
             raise CommandError(NO_GPU, EXIT_RUNTIME)
         device = "cuda"
 
-    with bad_input(), _terminate_as_interrupt():
+    with bad_input():  # Ctrl-C and SIGTERM stop the engine, which keeps the rows finished
         if trace is not None:
             from traces.io import read_trace
 
             with bad_input("--trace: "):
                 opened = read_trace(trace)
             with opened:
-                run = engine.run_trace_bench(opened, config, device, progress=_stderr)
+                run = engine.run_trace_bench(opened, config, device, progress=_progress)
         else:
-            run = engine.run_bench(config, device, progress=_stderr)
+            run = engine.run_bench(config, device, progress=_progress)
 
     ratios = engine.impl_ratios(run)
     comparison = engine.compare_runs(run, base) if base is not None else None
     if save is not None:
         try:
-            engine.save_run(run, save)
+            engine.save_run(run, str(save))
         except OSError as exc:
             raise CommandError(f"--save: cannot write {save}: {exc.strerror}", EXIT_RUNTIME) from None
     if plot is not None:
-        engine.plot_run(run, plot)
-    if format == "json":
-        out = run.to_dict()
-        out["impl_ratios"] = [{"impl": k[0], "name": k[1], "batch": k[2], "spec_len": k[3], "event": k[4],
-                               "ratio": v} for k, v in ratios.items()]
-        out["comparison"] = None if comparison is None else {
-            "base": compare, "rows": comparison.rows, "geomean": comparison.geomean,
-            "unmatched": comparison.unmatched}
-        print(json.dumps(out))
-    else:
-        _render_human(run, ratios, comparison)
+        engine.plot_run(run, str(plot))
+    out = run.to_dict()
+    out["impl_ratios"] = [{"impl": k[0], "name": k[1], "batch": k[2], "spec_len": k[3], "event": k[4],
+                           "ratio": v} for k, v in ratios.items()]
+    out["comparison"] = None if comparison is None else {
+        "base": compare, "rows": comparison.rows, "geomean": comparison.geomean, "unmatched": comparison.unmatched}
+    emit(out, format, lambda _: _render_human(run, ratios, comparison))
     if run.interrupted:
-        finished = f"{len(run.rows)} finished {'row' if len(run.rows) == 1 else 'rows'}"
+        finished = plural(len(run.rows), "finished row")
         kept = f", saved to {save}" if save is not None else ""
         raise CommandError(f"interrupted after {finished}{kept}", EXIT_RUNTIME)
     failed = [r for r in run.rows if r.error]

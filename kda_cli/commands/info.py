@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import typer
 
-from kda_cli.app import app
-from kda_cli.runtime import bad_input, check_format, make_console, printable
+from kda_cli.options import check_format
+from kda_cli.output import emit, human_value, make_console, printable
+from kda_cli.runtime import bad_input
 
 
 def trace_summary(trace) -> dict:
@@ -33,7 +33,6 @@ def trace_summary(trace) -> dict:
     }
 
 
-@app.command()
 def info(
     trace: Path = typer.Argument(..., help="Trace file."),
     format: str = typer.Option("human", "--format", help="human or json."),
@@ -44,9 +43,10 @@ def info(
 
     with bad_input(), read_trace(trace) as opened:
         s = trace_summary(opened)
-    if format == "json":
-        print(json.dumps(s))
-        return
+    emit(s, format, _render)
+
+
+def _render(s: dict) -> None:
     from rich.markup import escape
 
     console = make_console()
@@ -62,7 +62,6 @@ def info(
             for op, n in s["events_per_op"].items()),
     ]
     for key, value in s["provenance"].items():
-        shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
-        lines.append(f"{key}: {shown}")
+        lines.append(f"{key}: {human_value(value)}")
     for line in lines:
         console.print(escape(printable(line)))

@@ -3,29 +3,30 @@ parsing and rendering only (engine: ``traces.record``)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, check_format, printable
+from kda_cli.options import check_format, output_file
+from kda_cli.output import emit, plural, printable
+from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, interrupted
 
-record_app = typer.Typer(help="Record kernel calls into a trace; merge shards after a crash.", no_args_is_help=True)
-app.add_typer(record_app, name="record")
+record_app = typer.Typer(help="Record kernel calls into a trace; merge shards after a crash.", no_args_is_help=True,
+                         rich_markup_mode=None)
 
 
 def _print(result, format: str, note: str = "", **extra) -> None:
     summary = {"path": str(result.path), "events": result.events, "incomplete_event": result.incomplete,
                "dropped_shards": result.dropped, "dropped_because": result.reason, **extra}
-    if format == "json":
-        print(json.dumps(summary))
-        return
-    extra = f"; event {result.incomplete} never returned (inputs only)" if result.incomplete is not None else ""
-    dropped = f"; {result.dropped} shards left out ({result.reason})" if result.dropped else ""
-    print(printable(f"wrote {result.path}: {result.events} events{extra}{dropped}{note}"))
+
+    def human(_: dict) -> None:
+        missing = f"; event {result.incomplete} never returned (inputs only)" if result.incomplete is not None else ""
+        dropped = f"; {plural(result.dropped, 'shard')} left out ({result.reason})" if result.dropped else ""
+        print(printable(f"wrote {result.path}: {plural(result.events, 'event')}{missing}{dropped}{note}"))
+
+    emit(summary, format, human)
 
 
 @record_app.command("merge")
@@ -39,12 +40,17 @@ def merge(
     Every completed event is kept, and the inputs of a call that never returned.
     """
     check_format(format)
+    if not shards.is_dir():
+        raise CommandError(f"{shards}: {'is not a folder' if shards.exists() else 'no such folder'}")
+    output_file(out, "OUT")
     from traces.record import RecordError, merge_shards
 
     try:
         result = merge_shards(shards, out)
     except RecordError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
+    except KeyboardInterrupt:
+        raise interrupted("nothing written") from None
     _print(result, format)
 
 
@@ -74,6 +80,7 @@ def run(
     command's Triton kernels run through the interpreter.
     """
     check_format(format)
+    output_file(out, "OUT")
     from traces.patch import parse_names
     from traces.record import RecordError, shards_dir
     from traces.record_run import RecordRunError, record_command

@@ -5,71 +5,24 @@ The engine is ``traces.replay``; comparisons are ``traces.compare``.
 
 from __future__ import annotations
 
-import json
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from kda_cli.app import app
-from kda_cli.runtime import (
-    EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, check_format, make_console, printable,
-    select_device,
-)
+from kda_cli.options import check_format, parse_range, parse_tolerances, resolve_range
+from kda_cli.output import Progress, emit, make_console, plural, printable
+from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 
 SAMPLE = "k3-tp8-sample.safetensors"
 MAX_DETAILED = 10
 """Failing tensors shown with their first and worst element in the human report."""
 
-
 PIPE_WIDTH = 160
 """Columns of the human report written to a file or a pipe: tables are not truncated."""
 
 
-def parse_tolerances(atol: List[str], rtol: List[str]) -> dict:
-    """``--atol``/``--rtol`` values ``DTYPE=X`` or ``X`` (every float dtype) -> overrides."""
-    from traces.compare import DEFAULT_TOLERANCES, Tolerance
-
-    table = dict(DEFAULT_TOLERANCES)
-    for option, values in (("atol", atol), ("rtol", rtol)):
-        for value in values:
-            dtype, _, number = value.rpartition("=")
-            dtypes = [dtype] if dtype else list(table)
-            if dtype and dtype not in table:
-                raise CommandError(f"--{option} {value}: unknown dtype {dtype!r} (one of {', '.join(table)})",
-                                   EXIT_BAD_INPUT)
-            try:
-                x = float(number)
-            except ValueError:
-                raise CommandError(f"--{option} {value}: expected DTYPE=NUMBER or NUMBER", EXIT_BAD_INPUT) from None
-            if not x >= 0:
-                raise CommandError(f"--{option} {value}: must be >= 0", EXIT_BAD_INPUT)
-            for d in dtypes:
-                old = table[d]
-                table[d] = Tolerance(x, old.rtol) if option == "atol" else Tolerance(old.atol, x)
-    return table
-
-
-def parse_range(text: Optional[str], count: int) -> tuple[int, int]:
-    """``A:B`` (either side may be empty) -> a half-open range within ``count`` events."""
-    if text is None:
-        return 0, count
-    start, sep, stop = text.partition(":")
-    try:
-        a = int(start) if start.strip() else 0
-        b = int(stop) if stop.strip() else count
-        if not sep:
-            b = a + 1
-    except ValueError:
-        raise CommandError(f"--events {text}: expected A:B with integers", EXIT_BAD_INPUT) from None
-    if not 0 <= a < b <= count:
-        raise CommandError(f"--events {text}: the trace has events 0..{count - 1}", EXIT_BAD_INPUT)
-    return a, b
-
-
-@app.command()
 def replay(
     trace: Optional[Path] = typer.Argument(None, help="Trace file; the shipped Kimi-K3 sample when omitted."),
     impl: str = typer.Option("triton", "--impl", help="triton, reference, a module name or a .py file path."),
@@ -78,25 +31,23 @@ def replay(
     events: Optional[str] = typer.Option(None, "--events", help="Compare events A:B only (earlier ones still run)."),
     atol: List[str] = typer.Option([], "--atol", help="DTYPE=X or X for every float dtype; repeatable."),
     rtol: List[str] = typer.Option([], "--rtol", help="DTYPE=X or X for every float dtype; repeatable."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr (terminals only)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr: a bar on a terminal, else a line every few seconds."),
 ) -> None:
     """Replay a trace's events and compare every result with the recorded one.
 
-    Exit codes: 0 match, 1 mismatch, 2 bad input or usage, 3 runtime failure.
+    Exit codes: 0 match, 1 mismatch, 2 bad input or usage, 3 runtime failure, 130/143 stopped by
+    Ctrl-C/SIGTERM (the events compared so far are summarised first).
     """
     check_format(format)
     tolerances = parse_tolerances(atol, rtol)
+    parse_range(events)  # refuse a malformed range before any heavy import
+    if trace is not None and not trace.is_file():
+        raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported
-    if device == "cpu":
-        import warnings
-
-        # numpy in the interpreter warns when exp overflows to inf, as a sigmoid's may; the
-        # result is IEEE-correct and any non-finite output fails the comparison anyway
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
     from traces.impl import load_impl
     from traces.io import read_trace
-    from traces.replay import ReplayFailure, replay as run_replay
+    from traces.replay import ReplayFailure, ReplayInterrupted, replay as run_replay
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
@@ -107,45 +58,28 @@ def replay(
         else:
             path = trace
         opened = stack.enter_context(read_trace(path))
-        span = parse_range(events, len(opened.events))
+        span = resolve_range(events, len(opened.events))
         module = load_impl(impl)
-        bar = stack.enter_context(_Progress(progress and sys.stderr.isatty(), span[1]))
+        bar = stack.enter_context(Progress("replay", span[1], enabled=progress))
         try:
             report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
                                 events=span, stop_at_first=stop_at_first, progress=bar.update)
         except ReplayFailure as exc:
             raise CommandError(f"{impl} failed at {exc}", EXIT_RUNTIME) from None
-    if format == "json":
-        print(json.dumps(report.to_json()))
-    else:
-        _render(report, opened.manifest)
+        except ReplayInterrupted as stop:
+            report = stop.report
+            bar.__exit__(None, None, None)
+            _emit(report, opened.manifest, format, interrupted=True)
+            done = f"{plural(bar.done, 'event')} of {span[1]} run"
+            raise interrupted(f"{done}; the summary above covers those compared") from None
+    _emit(report, opened.manifest, format)
     if not report.passed:
         raise typer.Exit(EXIT_MISMATCH)
 
 
-class _Progress:
-    """A rich progress bar on stderr, or nothing."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total, self.bar, self.task = enabled, total, None, None
-
-    def __enter__(self) -> "_Progress":
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-            self.bar = Progress("replay", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=make_console(stderr=True, pipe_width=PIPE_WIDTH), transient=True)
-            self.bar.__enter__()
-            self.task = self.bar.add_task("replay", total=self.total)
-        return self
-
-    def update(self, done: int, total: int) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=done)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+def _emit(report, manifest, format: str, interrupted: bool = False) -> None:
+    data = {**report.to_json(), "interrupted": interrupted}
+    emit(data, format, lambda _: _render(report, manifest))
 
 
 def _g(x) -> str:
@@ -197,6 +131,10 @@ def _render(report, manifest) -> None:
         ms = "n/a" if not report.timed else _g(row["median_ms"])
         ops.add_row(op, str(row["events"]), str(row["tensors"]), str(row["mismatched_events"]), ms)
     console.print(ops)
+    for op, row in summary.items():
+        if not row["tensors"]:
+            console.print(f"{op}: {plural(row['events'], 'event')} with no recorded results; they ran, to carry "
+                          "the buffers forward, but there was nothing to compare")
     if not report.timed:
         console.print("timings: n/a, not on a GPU (the Triton interpreter and the CPU say nothing about kernel speed)")
 

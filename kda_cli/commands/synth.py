@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from kda_cli.app import app
-from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, check_format, select_device
+from kda_cli.options import check_format, output_file
+from kda_cli.output import Progress, emit, plural
+from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, interrupted, select_device
 
 
-@app.command()
 def synth(
     out: Path = typer.Argument(..., help="Trace file to write (.safetensors)."),
     preset: str = typer.Option("tiny", "--preset", help="k3-tp8 (H=12, K=V=128, T=8) or tiny (H=2, K=V=16, T=4)."),
@@ -30,10 +29,12 @@ def synth(
     note: str = typer.Option("", "--note", help="Free text stored in the provenance."),
     format: str = typer.Option("human", "--format", help="human or json."),
 ) -> None:
-    """Simulate a scheduler and write its events, with float64-reference expected results."""
+    """Simulate a scheduler and write its events, with float64-reference expected results.
+
+    The file is written whole or not at all; Ctrl-C or SIGTERM leaves nothing (exit 130/143).
+    """
     check_format(format)
-    select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
-    from traces.synth import SynthConfig, synthesize
+    from traces.synth_config import SynthConfig
 
     config = SynthConfig(preset=preset, mode=mode, requests=requests, steps=steps, seed=seed, acceptance=acceptance,
                          max_batch=max_batch, num_slots=slots, num_record_rows=record_rows,
@@ -42,13 +43,25 @@ def synth(
         config.check()
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
-    builder = synthesize(config)
-    builder.write(out)
+    output_file(out, "OUT")
+    select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
+    from traces.synth import synthesize
+
+    with Progress("synth: requests finished", requests) as bar:
+        try:
+            builder = synthesize(config, progress=bar.update)
+        except KeyboardInterrupt:
+            raise interrupted(f"{bar.done} of {plural(requests, 'request')} finished; nothing written") from None
+    try:
+        builder.write(out)
+    except KeyboardInterrupt:
+        raise interrupted(f"while writing {out}; nothing written") from None
     per_op = Counter(e.op for e in builder.manifest.events)
     summary = {"path": str(out), "file_bytes": out.stat().st_size, "events": len(builder.manifest.events),
                "events_per_op": dict(per_op), "requests": requests}
-    if format == "json":
-        print(json.dumps(summary))
-    else:
-        ops = ", ".join(f"{op} {n}" for op, n in per_op.items())
-        print(f"wrote {out}: {summary['events']} events ({ops}), {summary['file_bytes'] / 2**20:.2f} MiB")
+    emit(summary, format, _render)
+
+
+def _render(s: dict) -> None:
+    ops = ", ".join(f"{op} {n}" for op, n in s["events_per_op"].items())
+    print(f"wrote {s['path']}: {plural(s['events'], 'event')} ({ops}), {s['file_bytes'] / 2**20:.2f} MiB")

@@ -3,7 +3,8 @@
 One job per module:
 
 - ``contract_bytes``: bytes per call of each op, step and trace event, from the contract;
-- ``workload``: presets, ``BenchConfig`` and the ``n_sets`` disjoint decode layers a sample runs;
+- ``config``: presets and ``BenchConfig`` (no torch: the command line checks options with it);
+- ``workload``: the ``n_sets`` disjoint decode layers a sample runs;
 - ``timers``: CUDA-event and wall-clock timers, the copy ceiling, the per-row sampling loop;
 - ``capture``: CUDA graph capture, with Ctrl-C and SIGTERM held while a capture runs;
 - ``runner``: what both runners share (implementations, timer, ceiling, timing record);
@@ -11,30 +12,32 @@ One job per module:
 - ``trace_events``: each event of a recorded trace timed (``run_trace_bench``);
 - ``results``: rows and runs, ratios, save, load, compare, plot.
 
-The names below are the package's public surface; ``benchmarks/`` scripts import them from here.
+The names below are the package's public surface (``benchmarks/`` scripts import them from
+here); each is loaded with its module on first use, so importing the package costs nothing.
 """
 
-from traces.bench.capture import SyncError, interrupts_held, warm_and_capture
-from traces.bench.contract_bytes import (
-    STEPS, Shape, commit_bytes, defer_bytes, event_bytes, flush_bytes, flush_verify_bytes, op_bytes, plan_bytes,
-    verify_bytes,
-)
-from traces.bench.results import (
-    SCHEMA, SMOKE_LABEL, BenchRun, Comparison, Row, compare_runs, impl_ratios, load_run, plot_run, save_run,
-)
-from traces.bench.sweep import run_bench
-from traces.bench.timers import COPY_CEILING_BYTES, CudaTimer, WallTimer, measure_copy_ceiling, percentile
-from traces.bench.trace_events import TraceState, run_trace_bench
-from traces.bench.workload import (
-    ACCEPT_MODES, DEFAULT_TOUCH_BYTES, MODES, OPS, PRESETS, STATE_DTYPES, BenchConfig, Preset, Workload,
-    accepted_counts, choose_sets, set_bytes,
-)
+from importlib import import_module
 
-__all__ = [
-    "ACCEPT_MODES", "COPY_CEILING_BYTES", "DEFAULT_TOUCH_BYTES", "MODES", "OPS", "PRESETS", "SCHEMA", "SMOKE_LABEL",
-    "STATE_DTYPES", "STEPS", "BenchConfig", "BenchRun", "Comparison", "CudaTimer", "Preset", "Row", "Shape",
-    "SyncError", "TraceState", "WallTimer", "Workload", "accepted_counts", "choose_sets", "commit_bytes",
-    "compare_runs", "defer_bytes", "event_bytes", "flush_bytes", "flush_verify_bytes", "impl_ratios",
-    "interrupts_held", "load_run", "measure_copy_ceiling", "op_bytes", "percentile", "plan_bytes", "plot_run",
-    "run_bench", "run_trace_bench", "save_run", "set_bytes", "verify_bytes", "warm_and_capture",
-]
+_PUBLIC = {
+    "capture": ("SyncError", "interrupts_held", "warm_and_capture"),
+    "config": ("ACCEPT_MODES", "DEFAULT_TOUCH_BYTES", "MODES", "OPS", "PRESETS", "BenchConfig", "Preset"),
+    "contract_bytes": ("STEPS", "Shape", "commit_bytes", "defer_bytes", "event_bytes", "flush_bytes",
+                       "flush_verify_bytes", "op_bytes", "plan_bytes", "verify_bytes"),
+    "results": ("SCHEMA", "SMOKE_LABEL", "BenchRun", "Comparison", "Row", "compare_runs", "impl_ratios", "load_run",
+                "plot_run", "save_run"),
+    "sweep": ("run_bench",),
+    "timers": ("COPY_CEILING_BYTES", "CudaTimer", "WallTimer", "measure_copy_ceiling", "percentile"),
+    "trace_events": ("TraceState", "run_trace_bench"),
+    "workload": ("STATE_DTYPES", "Workload", "accepted_counts", "choose_sets", "set_bytes"),
+}
+_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'traces.bench' has no attribute {name!r}")
+    value = getattr(import_module(f"traces.bench.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value

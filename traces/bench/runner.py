@@ -7,7 +7,7 @@ from typing import Callable
 
 from traces.bench.results import Row
 from traces.bench.timers import CudaTimer, WallTimer, measure_copy_ceiling
-from traces.bench.workload import BenchConfig
+from traces.bench.config import BenchConfig
 
 
 def start_run(config: BenchConfig, device: str, progress: Callable[[str], None]):

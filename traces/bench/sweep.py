@@ -16,7 +16,8 @@ from traces.bench import timers
 from traces.bench.contract_bytes import Shape, op_bytes
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
-from traces.bench.workload import PRESETS, STATE_DTYPES, BenchConfig, Workload, accepted_counts, choose_sets, set_bytes
+from traces.bench.config import PRESETS, BenchConfig
+from traces.bench.workload import STATE_DTYPES, Workload, accepted_counts, choose_sets, set_bytes
 
 SMOKE_SETS = 2
 

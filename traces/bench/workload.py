@@ -36,87 +36,18 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
+from traces.bench.config import STATE_DTYPE_NAMES, Preset
 from traces.bench.contract_bytes import Shape
 
-OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
-STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-ACCEPT_MODES = ("full", "random")
-MODES = ("graph", "eager")
-DEFAULT_TOUCH_BYTES = 512 * 2**20
+STATE_DTYPES = {name: getattr(torch, dtype) for name, dtype in STATE_DTYPE_NAMES.items()}
 _MAX_SETS = 4096
 _MEMORY_FRACTION = 0.5
 # Ops that write the checkpoint pool and so need it restored before every sample.
 _WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred"}
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A model shape: heads, head dims, default window, activation dtype, gate lower bound."""
-
-    heads: int
-    head_k_dim: int
-    head_v_dim: int
-    spec_len: int
-    activation_dtype: str
-    lower_bound: float | None
-    batches: tuple[int, ...]
-
-
-PRESETS = {
-    "k3-tp8": Preset(12, 128, 128, 8, "bfloat16", -5.0, (1, 8, 32, 64, 128, 256)),
-    "tiny": Preset(2, 16, 16, 2, "bfloat16", -5.0, (1, 3)),
-}
-
-
-@dataclass
-class BenchConfig:
-    """What to run. ``impls`` are specs for ``traces.impl.load_impl``; ``touch_bytes`` is
-    the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples."""
-
-    preset: str = "k3-tp8"
-    batches: tuple[int, ...] = ()
-    spec_lens: tuple[int, ...] = ()
-    state_dtype: str = "fp32"
-    accept: str = "full"
-    impls: tuple[str, ...] = ("triton",)
-    ops: tuple[str, ...] = OPS
-    mode: str = "graph"
-    reps: int = 100
-    row_seconds: float = 2.0
-    touch_bytes: int = DEFAULT_TOUCH_BYTES
-    seed: int = 0
-    smoke: bool = False
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r} (known: {', '.join(PRESETS)})")
-        p = PRESETS[self.preset]
-        self.batches = tuple(self.batches) or p.batches
-        self.spec_lens = tuple(self.spec_lens) or (p.spec_len,)
-        if self.state_dtype not in STATE_DTYPES:
-            raise ValueError(f"state dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
-        if self.accept not in ACCEPT_MODES:
-            raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, got {self.accept!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not self.ops:
-            raise ValueError("no ops to time")
-        unknown = [op for op in self.ops if op not in OPS]
-        if unknown:
-            raise ValueError(f"unknown op {unknown[0]!r} (known: {', '.join(OPS)})")
-        for name, values in (("batch", self.batches), ("spec-len", self.spec_lens)):
-            if any(v < 1 for v in values):
-                raise ValueError(f"every {name} must be a positive integer, got {list(values)}")
-        if not self.impls or len(set(self.impls)) != len(self.impls):
-            raise ValueError(f"implementations must be given once each, got {list(self.impls)}")
-        if self.reps < 1 or self.row_seconds <= 0 or self.touch_bytes < 1:
-            raise ValueError("reps, row seconds and touch bytes must be positive")
-
 
 
 def accepted_counts(accept: str, batch: int, spec_len: int, seed: int) -> list[int]:

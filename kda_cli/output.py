@@ -1,0 +1,114 @@
+"""Output for every command: data on stdout (human text or plain ``json.dumps``), progress
+and errors on stderr.
+
+Progress is a bar on a terminal; elsewhere (a log, a pipe) it is one plain line at most
+every ``LINE_SECONDS`` seconds, so a long run is never silent and a log never floods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import unicodedata
+from typing import Any, Callable
+
+LINE_SECONDS = 5.0
+"""Least time between two progress lines outside a terminal."""
+
+
+def make_console(stderr: bool = False, pipe_width: int | None = None):
+    """A rich console on stdout (or stderr) that honours ``NO_COLOR`` and never highlights;
+    when it writes to a file or a pipe, ``pipe_width`` columns unless ``COLUMNS`` is set."""
+    from rich.console import Console
+
+    out = Console(file=sys.stderr if stderr else sys.stdout, no_color=bool(os.environ.get("NO_COLOR")),
+                  highlight=False, soft_wrap=True)
+    if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = pipe_width
+    return out
+
+
+def printable(text: str) -> str:
+    """``text`` with every control, format or line-separator character escaped as Python
+    writes it (``\\n``, ``\\x1b``, ``\\u202e``, ``\\u2028``), so that names and free
+    text from a file print as one inert line."""
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch)[0] == "C"
+                   or unicodedata.category(ch) in ("Zl", "Zp") else ch for ch in text)
+
+
+def emit(data: dict[str, Any], format: str, human: Callable[[dict[str, Any]], None]) -> None:
+    """Print ``data`` as one JSON line (``format == "json"``) or through ``human``."""
+    if format == "json":
+        print(json.dumps(data), flush=True)
+    else:
+        human(data)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 event``, ``2 events``."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def human_value(value: Any) -> str:
+    """A JSON value as a reader wants it, never a Python repr: lists comma-separated, a dict
+    as ``key value`` pairs, ``None`` and empty values as ``none``, booleans as yes/no."""
+    if value is None or value == "" or value == [] or value == {}:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(human_value(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {human_value(v)}" for k, v in value.items())
+    return str(value)
+
+
+def note(message: str) -> None:
+    """One line of progress or context on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """Progress of ``total`` steps on stderr: a transient bar on a terminal, else a line
+    ``"{label}: done/total"`` on the first update and then at most every ``LINE_SECONDS``;
+    nothing when ``enabled`` is false.
+
+    Use as a context manager; ``update(done, total)`` matches the engines' progress callbacks.
+    """
+
+    def __init__(self, label: str, total: int, enabled: bool = True, terminal: bool | None = None):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.bar = self.task = None
+        self.last_line: float | None = None
+        self.done = 0
+
+    def __enter__(self) -> "Progress":
+        if self.enabled and self.terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TimeElapsedColumn
+
+            self.bar = Bar(self.label, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           console=make_console(stderr=True), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.label, total=self.total)
+        return self
+
+    def update(self, done: int, total: int | None = None) -> None:
+        self.done = done
+        if total is not None:
+            self.total = total
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=self.total)
+            return
+        now = time.monotonic()
+        if self.last_line is None or now - self.last_line >= LINE_SECONDS:
+            self.last_line = now
+            note(f"{self.label}: {done}/{self.total}")
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)

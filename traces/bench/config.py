@@ -1,0 +1,77 @@
+"""What a bench run asks for: presets and ``BenchConfig``, checked without torch so that a
+bad option is refused before any heavy import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
+STATE_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
+ACCEPT_MODES = ("full", "random")
+MODES = ("graph", "eager")
+DEFAULT_TOUCH_BYTES = 512 * 2**20
+"""State read per sample: several times an H200's ~60 MB L2, so state comes from DRAM."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model shape: heads, head dims, default window, activation dtype, gate lower bound."""
+
+    heads: int
+    head_k_dim: int
+    head_v_dim: int
+    spec_len: int
+    activation_dtype: str
+    lower_bound: float | None
+    batches: tuple[int, ...]
+
+
+PRESETS = {
+    "k3-tp8": Preset(12, 128, 128, 8, "bfloat16", -5.0, (1, 8, 32, 64, 128, 256)),
+    "tiny": Preset(2, 16, 16, 2, "bfloat16", -5.0, (1, 3)),
+}
+
+
+@dataclass
+class BenchConfig:
+    """What to run. ``impls`` are specs for ``traces.impl.load_impl``; ``touch_bytes`` is
+    the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples."""
+
+    preset: str = "k3-tp8"
+    batches: tuple[int, ...] = ()
+    spec_lens: tuple[int, ...] = ()
+    state_dtype: str = "fp32"
+    accept: str = "full"
+    impls: tuple[str, ...] = ("triton",)
+    ops: tuple[str, ...] = OPS
+    mode: str = "graph"
+    reps: int = 100
+    row_seconds: float = 2.0
+    touch_bytes: int = DEFAULT_TOUCH_BYTES
+    seed: int = 0
+    smoke: bool = False
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset} (known: {', '.join(PRESETS)})")
+        p = PRESETS[self.preset]
+        self.batches = tuple(self.batches) or p.batches
+        self.spec_lens = tuple(self.spec_lens) or (p.spec_len,)
+        if self.state_dtype not in STATE_DTYPE_NAMES:
+            raise ValueError(f"state dtype must be one of {', '.join(STATE_DTYPE_NAMES)}, got {self.state_dtype}")
+        if self.accept not in ACCEPT_MODES:
+            raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, got {self.accept}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode}")
+        if not self.ops:
+            raise ValueError("no ops to time")
+        unknown = [op for op in self.ops if op not in OPS]
+        if unknown:
+            raise ValueError(f"unknown op {unknown[0]} (known: {', '.join(OPS)})")
+        for name, values in (("batch", self.batches), ("spec-len", self.spec_lens)):
+            if any(v < 1 for v in values):
+                raise ValueError(f"every {name} must be a positive integer, got {', '.join(map(str, values))}")
+        if not self.impls or len(set(self.impls)) != len(self.impls):
+            raise ValueError(f"implementations must be given once each, got {', '.join(self.impls)}")
+        if self.reps < 1 or self.row_seconds <= 0 or self.touch_bytes < 1:
+            raise ValueError("reps, row seconds and touch bytes must be positive")

@@ -1,0 +1,86 @@
+"""Reproduction as a library: a failing trace turned into a small bug-report bundle.
+
+``reproduce`` loads the trace, optionally checks determinism, shrinks the trace while it
+fails the same way (``traces.shrink``) and writes the bundle (``traces.bundle``), which is
+checked in a fresh process first. ``kda repro`` only parses its options and renders the
+``Reproduction`` this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from traces.bundle import BundleError, Recheck, write_bundle
+from traces.determinism import DeterminismReport, check_determinism
+from traces.impl import load_impl
+from traces.io import read_trace
+from traces.schema import TraceError
+from traces.shrink import ShrinkResult, shrink
+from traces.tape import Tape
+
+
+@dataclass
+class Reproduction:
+    """What ``reproduce`` found. ``result`` is None when the replay passes (no bundle then)."""
+
+    trace: Path
+    impl: str
+    device: str
+    events: int
+    determinism: DeterminismReport | None
+    result: ShrinkResult | None = None
+    bundle: Path | None = None
+    recheck: Recheck | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.result is None
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary ``kda repro --format json`` prints."""
+        out: dict[str, Any] = {"trace": str(self.trace), "impl": self.impl, "device": self.device,
+                               "events": self.events, "passed": self.passed,
+                               "determinism": self.determinism.to_json() if self.determinism else None,
+                               "bundle": None if self.bundle is None else str(self.bundle)}
+        if self.result is not None:
+            small = self.result.tape
+            out.update(original=self.result.original.to_json(), shrunk=self.result.divergence.to_json(),
+                       shrunk_events=len(small.steps), shrunk_rows=max(s.batch for s in small.steps),
+                       shrunk_dims={"H": small.dims.H, "K": small.dims.K, "V": small.dims.V, "T": small.dims.T},
+                       checks=self.result.checks, history=self.result.history,
+                       fresh_process_exit=self.recheck.returncode if self.recheck else None)
+        return out
+
+
+def reproduce(trace: str | Path, out: str | Path, *, impl: str = "triton", oracle: str = "reference",
+              device: str = "cpu", tolerances: dict | None = None, replay_args: list[str] | None = None,
+              determinism: int = 0, max_checks: int = 400,
+              progress: Callable[[str], None] | None = None) -> Reproduction:
+    """Shrink the failing ``trace`` through ``impl`` (a ``traces.impl.load_impl`` spec) and
+    write the bundle to ``out`` (a folder that must not exist, or be empty).
+
+    ``oracle`` regenerates expected results while shrinking; ``replay_args`` are the extra
+    ``kda replay`` options ``repro.sh`` passes (tolerances); ``determinism`` >= 2 also
+    replays that many times and compares bit for bit. Raises ``TraceError``/``ImplError``
+    for bad input and ``BundleError`` when the bundle does not fail the same way in a fresh
+    process; nothing is written then, nor when the replay passes.
+    """
+    trace, out = Path(trace), Path(out)
+    module, reference = load_impl(impl), load_impl(oracle)
+    with read_trace(trace) as opened:
+        tape = Tape.load(opened)
+    runs = check_determinism(tape, module, determinism, device) if determinism else None
+    found = Reproduction(trace, impl, device, len(tape.steps), runs)
+    found.result = shrink(trace, module, reference, device=device, tolerances=tolerances, max_checks=max_checks,
+                          progress=progress)
+    if found.result is None:
+        return found
+    try:
+        found.recheck = write_bundle(out, found.result, source=trace, impl=impl, replay_args=replay_args or [],
+                                     original_events=len(tape.steps), determinism=runs)
+    except TraceError as exc:
+        raise BundleError(f"the shrunk trace cannot be written: {exc}") from exc
+    found.bundle = out
+    return found
