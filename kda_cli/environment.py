@@ -22,11 +22,16 @@ def _location(spec) -> Path | None:
     return Path(locations[0]).resolve() if locations else None
 
 
-def _owners(name: str) -> list[str]:
-    """Installed distributions, other than kda's, that provide the top-level ``name``."""
-    from importlib.metadata import packages_distributions
+def _owners(name: str, found: Path | None) -> list[str]:
+    """Installed distributions, other than kda's, that provide the top-level ``name`` from the
+    site folder it was ``found`` in."""
+    from importlib.metadata import distribution, packages_distributions
 
-    return sorted({d for d in packages_distributions().get(name, []) if d.lower() != DISTRIBUTION})
+    if found is None:
+        return []
+    candidates = {d for d in packages_distributions().get(name, [])
+                  if d.lower().replace("_", "-") != DISTRIBUTION}
+    return sorted(d for d in candidates if Path(distribution(d).locate_file("")).resolve() == found.parent)
 
 
 def check_imports() -> None:
@@ -37,8 +42,8 @@ def check_imports() -> None:
         found = _location(importlib.util.find_spec(name))
         if found == home / name:
             continue
-        owners = _owners(name)
-        by = f"the installed package {', '.join(owners)}" if owners else f"{found}" if found else "nothing"
+        owners = _owners(name, found)
+        by = f"the installed package {', '.join(owners)}" if owners else str(found) if found else "no package"
         fix = f"pip uninstall {owners[0]}, or " if owners else ""
         raise CommandError(
             f"the import name {name!r} resolves to {by}, not to {DISTRIBUTION}'s {home / name}; "

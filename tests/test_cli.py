@@ -77,8 +77,8 @@ def test_an_unwritable_output_path_is_bad_input(tmp_path, capsys, monkeypatch):
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _kda(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kda_cli", *args], cwd=REPO, capture_output=True, text=True,
+def _kda(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kda_cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "NO_COLOR": "1", **(env or {})})
 
 
@@ -222,13 +222,13 @@ def test_one_triton_version_the_tested_one_is_the_floor():
 
 def test_a_package_shadowing_kernels_is_named_in_one_error_line(tmp_path):
     """Another installed ``kernels`` ahead on the path: one line naming it and the fix, exit 3."""
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "kernels" / "__init__.py").write_text("")
-    info = tmp_path / "kernels-0.4.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.4\n")
-    (info / "top_level.txt").write_text("kernels\n")
-    done = _kda("version", env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("")
+    (site / "kernels-0.4.dist-info").mkdir()
+    (site / "kernels-0.4.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.4\n")
+    (site / "kernels-0.4.dist-info" / "top_level.txt").write_text("kernels\n")
+    done = _kda("version", env={"PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, cwd=tmp_path)
     assert done.returncode == 3 and done.stdout == ""
     line = _one_error(done.stderr)
     assert "'kernels'" in line and "the installed package kernels" in line and "pip uninstall kernels" in line
