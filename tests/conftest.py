@@ -1,13 +1,17 @@
-"""Test set-up: CUDA when present, else the Triton interpreter on the CPU.
+"""Test set-up: CUDA when present, else the Triton interpreter on the CPU; seeds.
 
 The interpreter must be chosen before any kernel module is imported, so it is set here,
-at collection time, and nowhere in ``kernels/``.
+at collection time, and nowhere in ``kernels/``. Random inputs take their seeds from
+``tests.seeds.fresh_seed``: the run's base seed is in the header and in every failure
+report, and ``KDA_TEST_SEED=N`` replays a run's inputs.
 """
 
 import os
 
 import pytest
 import torch
+
+from tests import seeds
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -26,3 +30,22 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+def pytest_report_header(config):
+    return f"test seeds: {seeds.VARIABLE}={seeds.BASE} (set it to replay this run's random inputs)"
+
+
+@pytest.fixture(autouse=True)
+def _test_seeds(request):
+    seeds.start_test(request.node.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        drawn = ", ".join(map(str, seeds.drawn)) or "none"
+        report.sections.append(("seeds", f"{seeds.VARIABLE}={seeds.BASE} reproduces this test's random inputs "
+                                         f"(seeds drawn: {drawn})"))

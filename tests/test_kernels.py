@@ -30,6 +30,7 @@ from tests.kernel_problems import (
     standard_rows,
     within_rounding,
 )
+from tests.seeds import fresh_seed
 from traces import bench
 
 pytestmark = pytest.mark.gpu
@@ -38,10 +39,6 @@ pytestmark = pytest.mark.gpu
 # to nearest even; a whole ulp under the Triton interpreter, which truncates downcasts.
 BF16_ROUNDING = 2.0 ** -8 if torch.cuda.is_available() else 2.0 ** -7
 FP32_RMSE = 1e-5
-
-
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(1 << 30)
 
 
 # Kimi-K3's head dims compiled; under the interpreter, which runs programs one after another,

@@ -4,7 +4,9 @@ small bundle that fails the same way in a fresh process; determinism; cutting by
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,44 @@ def test_implementation_that_raises_is_shrunk_to_the_raising_call(recorded, tmp_
     assert summary["shrunk_events"] == 1 and summary["shrunk_rows"] == 1 and summary["fresh_process_exit"] == 3
     done = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True)
     assert done.returncode == 3 and "RuntimeError: illegal memory access" in done.stderr
+
+    # repro.sh runs the Python that wrote it, not whichever python3 comes first on PATH
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'No module named kda_cli' >&2\nexit 1\n")
+    (fake / "python3").chmod(0o755)
+    path = f"{fake}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True,
+                          env={**os.environ, "PATH": path})
+    assert done.returncode == 3 and "RuntimeError: illegal memory access" in done.stderr
+    # a Python that cannot import kda: one line, and an exit status of its own
+    (fake / "bare").write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    (fake / "bare").chmod(0o755)
+    done = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True,
+                          env={**os.environ, "KDA_PYTHON": str(fake / "bare")})
+    assert done.returncode == 4 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"repro.sh: {fake / 'bare'} cannot import kda; set KDA_PYTHON to a Python that has it"]
+
+
+def test_repro_hides_the_interpreters_overflow_warnings(recorded, tmp_path):
+    """numpy's RuntimeWarning from the Triton interpreter (an exp overflowing to inf) is noise
+    in ``kda repro`` as in ``kda replay``."""
+    noisy = tmp_path / "noisy.py"
+    noisy.write_text(
+        "import warnings\n"
+        "from kernels.reference import *  # noqa: F401,F403\n"
+        "from kernels import reference\n\n\n"
+        "def kda_recoverssm_verify(*args, **kwargs):\n"
+        "    warnings.warn_explicit('overflow encountered in exp', RuntimeWarning, 'interpreter.py', 1,\n"
+        "                           module='triton.runtime.interpreter')\n"
+        "    return reference.kda_recoverssm_verify(*args, **kwargs)\n")
+    done = subprocess.run([sys.executable, "-m", "kda_cli", "repro", str(recorded["deferred"]), "--out",
+                           str(tmp_path / "bug"), "--impl", str(noisy)], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    assert "nothing to reproduce" in done.stdout
+    assert "RuntimeWarning" not in done.stderr and "overflow" not in done.stderr
 
 
 def test_passing_trace_writes_no_bundle(recorded, tmp_path, capsys, monkeypatch):

@@ -31,7 +31,8 @@ def replay(
     events: Optional[str] = typer.Option(None, "--events", help="Compare events A:B only (earlier ones still run)."),
     atol: List[str] = typer.Option([], "--atol", help="DTYPE=X or X for every float dtype; repeatable."),
     rtol: List[str] = typer.Option([], "--rtol", help="DTYPE=X or X for every float dtype; repeatable."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr: a bar on a terminal, else a line every few seconds."),
+    progress: bool = typer.Option(True, "--progress/--no-progress",
+                                  help="Progress on stderr: a bar on a terminal, else a line every few seconds."),
 ) -> None:
     """Replay a trace's events and compare every result with the recorded one.
 

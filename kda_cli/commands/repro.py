@@ -81,8 +81,8 @@ def _render(s: dict) -> None:
     else:
         o, d = s["original"], s["shrunk"]
         print(f"{s['trace']}: first divergence at event {o['event']} ({o['op']}, {o['tensor']}, {o['kind']})")
-        print(f"shrunk {plural(s['events'], 'event')} -> {s['shrunk_events']}, at most {plural(s['shrunk_rows'], 'row')}, "
-              f"H={s['shrunk_dims']['H']} T={s['shrunk_dims']['T']} ({plural(s['checks'], 'candidate')} tried); "
+        print(f"shrunk {plural(s['events'], 'event')} -> {s['shrunk_events']}, "
+              f"at most {plural(s['shrunk_rows'], 'row')}, H={s['shrunk_dims']['H']} T={s['shrunk_dims']['T']} ({plural(s['checks'], 'candidate')} tried); "
               f"same divergence at event {d['event']}, also in a fresh process")
         print(f"bundle: {s['bundle']} (trace.safetensors, report.md, repro.sh)")
     runs = s["determinism"]

@@ -1,0 +1,100 @@
+"""Ctrl-C and SIGTERM while a command works: one ``Error:`` line naming the signal, the
+partial summary where there is one, exit 130 or 143, and no output, temporary file or
+temporary folder left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trace_helpers import make_trace
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "traces" / "samples" / "k3-tp8-sample.safetensors"
+BROKEN = REPO / "tests" / "broken_impls"
+
+
+def _stopped(args: list[str], started: str, sig: int, cwd: Path) -> tuple[int, str, list[str]]:
+    """Run ``kda ARGS``; send ``sig`` once a stderr line starts with ``started``."""
+    proc = subprocess.Popen([sys.executable, "-m", "kda_cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith(started):
+                proc.send_signal(sig)
+                break
+        stdout, rest = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, stdout, (("".join(seen) + rest).strip().splitlines())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_replay_prints_the_events_it_compared(sig, tmp_path):
+    code, stdout, err = _stopped(["replay", str(SAMPLE), "--impl", "reference", "--format", "json"],
+                                 "replay: ", sig, tmp_path)
+    assert code == 128 + sig, err
+    partial = json.loads(stdout)
+    assert partial["interrupted"] and 1 <= len(partial["events"]) < 19
+    assert err[-1].startswith(f"Error: interrupted by {signal.Signals(sig).name}; ")
+    assert "of 19 run; the summary above covers those compared" in err[-1]
+    assert not any(line.startswith("Traceback") for line in err)
+
+
+@pytest.mark.parametrize("args, started, sig", [
+    (["synth", "out/t.safetensors", "--preset", "k3-tp8", "--requests", "24", "--max-batch", "4"],
+     "synth: requests finished", signal.SIGTERM),
+    (["slice", str(SAMPLE), "--events", "14:", "--out", "out/cut.safetensors"], "slice: running", signal.SIGINT),
+    (["repro", "{trace}", "--out", "out/bug", "--impl", str(BROKEN / "flush_keeps_pending.py")], "",
+     signal.SIGTERM),
+], ids=["synth", "slice", "repro"])
+def test_writers_leave_nothing_behind(args, started, sig, tmp_path):
+    trace = make_trace(tmp_path / "t.safetensors")
+    (tmp_path / "out").mkdir()
+    code, stdout, err = _stopped([a.format(trace=trace) for a in args], started, sig, tmp_path)
+    assert code == 128 + sig and stdout == "", err
+    assert err[-1].startswith(f"Error: interrupted by {signal.Signals(sig).name}; ")
+    assert "nothing written" in err[-1]
+    assert not any(line.startswith("Traceback") for line in err)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Stopped inside the write itself: the half-written temporary file goes too."""
+    import traces.io
+
+    def half_then_stop(tensors, path, metadata=None):
+        Path(path).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(traces.io, "save_file", half_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        make_trace(tmp_path / "t.safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_bundle_leaves_no_temporary_folder(tmp_path, capsys, monkeypatch):
+    """Stopped during the fresh-process check, with the bundle half assembled beside ``--out``."""
+    import traces.bundle
+    from tests.trace_helpers import run_kda
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(traces.bundle, "_recheck", stop)
+    code, out, err = run_kda(["repro", str(trace), "--out", str(tmp_path / "out" / "bug"), "--impl",
+                              str(BROKEN / "flush_keeps_pending.py")], capsys, monkeypatch)
+    assert code == 130 and out == ""
+    assert err.strip().splitlines()[-1].startswith("Error: interrupted by SIGINT; ")
+    assert list((tmp_path / "out").iterdir()) == []

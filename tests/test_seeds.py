@@ -1,0 +1,36 @@
+"""Test seeds: printed with a failure, and the printed value replays the same inputs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(folder: Path, seed: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "KDA_TEST_SEED"}
+    if seed is not None:
+        env["KDA_TEST_SEED"] = seed
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                           str(folder / "test_draws.py")], cwd=folder, capture_output=True, text=True, timeout=120,
+                          env={**env, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_failure_prints_the_seed_that_replays_it(tmp_path):
+    (tmp_path / "test_draws.py").write_text(
+        "from tests.seeds import fresh_seed\n\n\n"
+        "def test_draws():\n"
+        "    print('drew', fresh_seed(), fresh_seed())\n"
+        "    assert False\n")
+    first = _run(tmp_path, None)
+    base = re.search(r"KDA_TEST_SEED=(\d+) reproduces this test's random inputs \(seeds drawn: (\d+), (\d+)\)", first)
+    assert base, first
+    again = _run(tmp_path, base.group(1))
+    assert f"drew {base.group(2)} {base.group(3)}" in again
+    assert f"KDA_TEST_SEED={base.group(1)} reproduces" in again
