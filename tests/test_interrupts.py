@@ -54,7 +54,7 @@ def test_replay_prints_the_events_it_compared(sig, tmp_path):
     (["synth", "out/t.safetensors", "--preset", "k3-tp8", "--requests", "24", "--max-batch", "4"],
      "synth: requests finished", signal.SIGTERM),
     (["slice", str(SAMPLE), "--events", "14:", "--out", "out/cut.safetensors"], "slice: running", signal.SIGINT),
-    (["repro", "{trace}", "--out", "out/bug", "--impl", str(BROKEN / "flush_keeps_pending.py")], "",
+    (["repro", "{trace}", "--out", "out/bug", "--impl", str(BROKEN / "flush_keeps_pending.py")], "repro: ",
      signal.SIGTERM),
 ], ids=["synth", "slice", "repro"])
 def test_writers_leave_nothing_behind(args, started, sig, tmp_path):

@@ -182,7 +182,7 @@ def test_synth_cli_writes_and_rejects_bad_options(tmp_path, capsys, monkeypatch)
                            capsys, monkeypatch)
     assert code == 0 and json.loads(out)["events"] > 0 and out_path.exists()
     code, _, err = run_kda(["synth", str(tmp_path / "x.safetensors"), "--mode", "eager"], capsys, monkeypatch)
-    assert code == 2 and err.startswith("Error: --mode 'eager'")
+    assert code == 2 and err.startswith("Error: --mode eager: expected one of stock, deferred, mixed")
 
 
 def test_shipped_sample_is_small_k3_shaped_and_passes(capsys, monkeypatch):

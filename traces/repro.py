@@ -61,18 +61,23 @@ def reproduce(trace: str | Path, out: str | Path, *, impl: str = "triton", oracl
     """Shrink the failing ``trace`` through ``impl`` (a ``traces.impl.load_impl`` spec) and
     write the bundle to ``out`` (a folder that must not exist, or be empty).
 
-    ``oracle`` regenerates expected results while shrinking; ``replay_args`` are the extra
+    ``progress`` gets one line per stage and per shrinking step kept; ``oracle`` regenerates
+    expected results while shrinking; ``replay_args`` are the extra
     ``kda replay`` options ``repro.sh`` passes (tolerances); ``determinism`` >= 2 also
     replays that many times and compares bit for bit. Raises ``TraceError``/``ImplError``
     for bad input and ``BundleError`` when the bundle does not fail the same way in a fresh
     process; nothing is written then, nor when the replay passes.
     """
     trace, out = Path(trace), Path(out)
+    say = progress or (lambda _: None)
     module, reference = load_impl(impl), load_impl(oracle)
     with read_trace(trace) as opened:
         tape = Tape.load(opened)
+    if determinism:
+        say(f"replaying {len(tape.steps)} events {determinism} times through {impl}, comparing bit for bit")
     runs = check_determinism(tape, module, determinism, device) if determinism else None
     found = Reproduction(trace, impl, device, len(tape.steps), runs)
+    say(f"replaying {len(tape.steps)} events through {impl} to find the first divergence")
     found.result = shrink(trace, module, reference, device=device, tolerances=tolerances, max_checks=max_checks,
                           progress=progress)
     if found.result is None:

@@ -54,19 +54,14 @@ def repro(
     from traces.bundle import BundleError
     from traces.repro import reproduce
 
-    tried = []
-
-    def progress(line: str) -> None:
-        tried.append(line)
-        note(line)
-
     try:
         with bad_input():
             found = reproduce(trace, out, impl=impl, oracle=oracle, device=device, tolerances=tolerances,
                               replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
-                              determinism=determinism, max_checks=max_checks, progress=progress)
+                              determinism=determinism, max_checks=max_checks,
+                              progress=lambda line: note(f"repro: {line}"))
     except KeyboardInterrupt:
-        raise interrupted(f"while shrinking ({len(tried)} steps kept so far); nothing written") from None
+        raise interrupted("nothing written") from None
     except BundleError as exc:
         raise CommandError(str(exc), EXIT_RUNTIME) from None
     summary = found.to_json()
