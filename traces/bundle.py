@@ -53,8 +53,8 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"--out {out}: exists and is not an empty folder")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o777 & ~umask())  # mkdtemp gives 0700; a bundle is a normal folder
     try:
+        tmp.chmod(0o777 & ~umask())  # mkdtemp gives 0700; a bundle is a normal folder
         tape = result.tape
         tape.provenance = {**tape.provenance, "shrunk_from": str(source), "shrunk_by": "kda repro",
                            "signature": result.divergence.signature.to_json()}

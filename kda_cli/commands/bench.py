@@ -146,7 +146,7 @@ def bench(
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     for option, path in (("--save", save), ("--plot", plot)):
         if path is not None:
-            output_file(path, option, inputs=[Path(p) for p in (trace, compare) if p is not None])
+            output_file(path, option, inputs=[Path(trace)] if trace is not None else [])
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
