@@ -53,7 +53,7 @@ def test_replay_prints_the_events_it_compared(sig, tmp_path):
 @pytest.mark.parametrize("args, started, sig", [
     (["synth", "out/t.safetensors", "--preset", "k3-tp8", "--requests", "24", "--max-batch", "4"],
      "synth: requests finished", signal.SIGTERM),
-    (["slice", str(SAMPLE), "--events", "14:", "--out", "out/cut.safetensors"], "slice: running", signal.SIGINT),
+    (["slice", str(SAMPLE), "--events", "14:", "--out", "out/cut.safetensors"], "slice: events run", signal.SIGINT),
     (["repro", "{trace}", "--out", "out/bug", "--impl", str(BROKEN / "flush_keeps_pending.py")], "repro: ",
      signal.SIGTERM),
 ], ids=["synth", "slice", "repro"])

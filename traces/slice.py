@@ -14,6 +14,8 @@ when the space starts before any plan). A verify is a row space of its own.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from traces.schema import NULL_ID, PLAN_FIELDS
@@ -26,14 +28,16 @@ _BATCH_INPUTS = ("state_indices", "record_indices", "record_rows", "num_accepted
 _ACTIVATIONS = ("q", "k", "v", "raw_g", "raw_beta")
 
 
-def cut_events(tape: Tape, start: int, stop: int, oracle, device: str = "cpu") -> Tape:
+def cut_events(tape: Tape, start: int, stop: int, oracle, device: str = "cpu",
+               progress: Callable[[int, int], None] | None = None) -> Tape:
     """Events ``start..stop-1`` with their recorded expected results; the initial buffers
-    are the state before ``start`` (``traces.tape.rebased``). The final buffers are kept
-    only when ``stop`` is the end."""
+    are the state before ``start`` (``traces.tape.rebased``; ``progress(done, start)``
+    follows each event run to build them). The final buffers are kept only when ``stop``
+    is the end."""
     n = len(tape.steps)
     if not 0 <= start < stop <= n:
         raise ValueError(f"events {start}:{stop}: the trace has events 0..{n - 1}")
-    out = rebased(tape, start, oracle, device)
+    out = rebased(tape, start, oracle, device, progress)
     return out.with_steps(out.steps[: stop - start], final=out.final if stop == n else {})
 
 

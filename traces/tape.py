@@ -158,14 +158,18 @@ def call(api, step: Step, bufs: Buffers, tape: Tape, device: str):
 
 
 def play(tape: Tape, api, device: str = "cpu", stop: int | None = None, patch: bool = False,
-         bufs: Buffers | None = None) -> Buffers:
+         bufs: Buffers | None = None, progress: Callable[[int, int], None] | None = None) -> Buffers:
     """Run steps ``0..stop-1`` (all by default) through ``api`` on ``bufs`` (default: fresh
-    ``initial_buffers``); return the buffers after them."""
+    ``initial_buffers``); return the buffers after them. ``progress(done, total)`` follows
+    every step."""
     bufs = bufs or initial_buffers(tape, api, device)
-    for step in tape.steps[:stop]:
+    steps = tape.steps[:stop]
+    for i, step in enumerate(steps):
         call(api, step, bufs, tape, device)
         if patch:
             apply_expected(step, bufs, tape.dims.T)
+        if progress is not None:
+            progress(i + 1, len(steps))
     return bufs
 
 
@@ -196,12 +200,14 @@ def apply_expected(step: Step, bufs: Buffers, T: int) -> None:
         bufs.pool[e["slots"].long().to(dev)] = e["states"].to(dev)
 
 
-def rebased(tape: Tape, start: int, oracle, device: str = "cpu") -> Tape:
+def rebased(tape: Tape, start: int, oracle, device: str = "cpu",
+            progress: Callable[[int, int], None] | None = None) -> Tape:
     """The tape from step ``start`` on, its initial buffers the state before that step:
-    steps ``0..start-1`` played through ``oracle`` with their expected results patched in."""
+    steps ``0..start-1`` played through ``oracle`` with their expected results patched in
+    (``progress`` as for ``play``)."""
     if start == 0:
         return tape
-    bufs = play(tape, oracle, device, stop=start, patch=True)
+    bufs = play(tape, oracle, device, stop=start, patch=True, progress=progress)
     initial = {role: t.detach().to("cpu", copy=True) for role, t in bufs.as_roles().items()}
     return tape.with_steps(tape.steps[start:], initial=initial)
 

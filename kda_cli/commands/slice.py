@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from kda_cli.options import check_format, output_file, parse_range, resolve_range
-from kda_cli.output import emit, note, plural
+from kda_cli.output import Progress, emit, plural
 from kda_cli.runtime import bad_input, interrupted, select_device
 
 
@@ -43,9 +43,8 @@ def slice_trace(
             with read_trace(trace) as opened:
                 start, stop = resolve_range(events, len(opened.events))
                 tape = Tape.load(opened)
-            if start:
-                note(f"slice: running events 0..{start - 1} through {oracle} to build the initial buffers")
-            cut = cut_events(tape, start, stop, module, device)
+            with Progress(f"slice: events run through {oracle} to build the initial buffers", start) as bar:
+                cut = cut_events(tape, start, stop, module, device, progress=bar.update)
             cut.provenance = {**cut.provenance, "sliced_from": str(trace), "sliced_events": f"{start}:{stop}"}
             cut.write(out)
     except KeyboardInterrupt:
