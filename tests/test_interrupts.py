@@ -38,13 +38,18 @@ def _stopped(args: list[str], started: str, sig: int, cwd: Path) -> tuple[int, s
     return proc.returncode, stdout, (("".join(seen) + rest).strip().splitlines())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_replay_prints_the_events_it_compared(sig, tmp_path):
-    code, stdout, err = _stopped(["replay", str(SAMPLE), "--impl", "reference", "--format", "json"],
+@pytest.mark.parametrize("sig, format", [(signal.SIGINT, "json"), (signal.SIGTERM, "human")],
+                         ids=["SIGINT", "SIGTERM"])
+def test_replay_prints_the_events_it_compared(sig, format, tmp_path):
+    code, stdout, err = _stopped(["replay", str(SAMPLE), "--impl", "reference", "--format", format],
                                  "replay: ", sig, tmp_path)
     assert code == 128 + sig, err
-    partial = json.loads(stdout)
-    assert partial["interrupted"] and 1 <= len(partial["events"]) < 19
+    if format == "json":
+        partial = json.loads(stdout)
+        assert partial["interrupted"] and 1 <= len(partial["events"]) < 19
+    else:
+        verdict = stdout.strip().splitlines()[-1]
+        assert verdict.startswith("STOPPED after ") and verdict.endswith("no mismatch so far"), stdout
     assert err[-1].startswith(f"Error: interrupted by {signal.Signals(sig).name}; ")
     assert "of 19 run; the summary above covers those compared" in err[-1]
     assert not any(line.startswith("Traceback") for line in err)

@@ -80,7 +80,7 @@ def replay(
 
 def _emit(report, manifest, format: str, interrupted: bool = False) -> None:
     data = {**report.to_json(), "interrupted": interrupted}
-    emit(data, format, lambda _: _render(report, manifest))
+    emit(data, format, lambda _: _render(report, manifest, interrupted))
 
 
 def _g(x) -> str:
@@ -91,7 +91,7 @@ def _where(bad) -> str:
     return " ".join(f"{k}={v}" for k, v in bad.coords.items())
 
 
-def _render(report, manifest) -> None:
+def _render(report, manifest, interrupted: bool = False) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -107,6 +107,9 @@ def _render(report, manifest) -> None:
     console.print("ops through: " + "; ".join(f"{op}={escape(where)}" for op, where in report.routes.items()))
     tol = "; ".join(f"{k} atol={t.atol:g} rtol={t.rtol:g}" for k, t in report.tolerances.items())
     console.print(f"tolerances: {tol}; integers and records.key_gate exact")
+    if interrupted and not report.events:
+        console.print("STOPPED before the first compared event finished: nothing to report")
+        return
 
     per_tensor: dict[tuple[str, str], dict] = {}
     for e in report.events:
@@ -156,9 +159,14 @@ def _render(report, manifest) -> None:
     if len(failing) > MAX_DETAILED:
         console.print(f"... and {len(failing) - MAX_DETAILED} more failing tensors (--format json lists all)")
     compared = len(report.comparisons)
-    if not compared:
+    if interrupted:
+        verdict = f"[red]{len(failing)} mismatch[/]" if failing else "no mismatch so far"
+        console.print(f"STOPPED after {plural(len(report.events), 'compared event')}: {compared} tensors compared, "
+                      f"{verdict}")
+    elif not compared:
         console.print("PASS (vacuous): the trace holds no expected results or final buffers to compare")
     elif report.passed:
-        console.print(f"[green]PASS[/]: {compared} tensors compared over {len(report.events)} events, all within tolerance")
+        console.print(f"[green]PASS[/]: {compared} tensors compared over {plural(len(report.events), 'event')}, "
+                      "all within tolerance")
     else:
         console.print(f"[red]FAIL[/]: {len(failing)} of {compared} tensors mismatch")
