@@ -123,7 +123,8 @@ def _commands():
 
 
 def test_boolean_options_are_flags_in_every_command_and_its_help():
-    """A bool option takes no value, and its help shows the flag alone (no ``<bool>``/BOOLEAN)."""
+    """A bool option takes no value, and its help shows the flag alone (no ``<bool>``/BOOLEAN);
+    no help shows a Python type or ``None``."""
     seen = 0
     for name, cmd in _commands():
         for param in cmd.params:
@@ -133,6 +134,7 @@ def test_boolean_options_are_flags_in_every_command_and_its_help():
                 assert param.is_flag, f"{name} {param.opts}"
         help_text = _kda(*name.split(), "--help").stdout
         assert "<bool>" not in help_text and "BOOLEAN" not in help_text, help_text
+        assert "list[" not in help_text and "None" not in help_text, help_text
     assert seen >= 4  # replay --stop-at-first, --progress; bench --eager, --interpreter-smoke
 
 

@@ -102,7 +102,7 @@ def bench(
     state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="checkpoint state dtype: fp32 (default) or bf16"),
     accept: Optional[str] = typer.Option(None, "--accept",
                                          help="accepted tokens per row: full (T, default) or random (0..T, seeded)"),
-    impl: List[str] = typer.Option(["triton"], "--impl",
+    impl: List[str] = typer.Option(["triton"], "--impl", metavar="IMPL[,IMPL...]",
                                    help="implementations side by side: triton, reference, a module or a .py file; "
                                         "repeat or comma-separate"),
     ops: Optional[str] = typer.Option(None, "--ops", help="ops and steps to time, comma-separated "

@@ -29,8 +29,8 @@ def replay(
     format: str = typer.Option("human", "--format", help="human or json."),
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="Stop after the first event with a mismatch."),
     events: Optional[str] = typer.Option(None, "--events", help="Compare events A:B only (earlier ones still run)."),
-    atol: List[str] = typer.Option([], "--atol", help="DTYPE=X or X for every float dtype; repeatable."),
-    rtol: List[str] = typer.Option([], "--rtol", help="DTYPE=X or X for every float dtype; repeatable."),
+    atol: List[str] = typer.Option([], "--atol", metavar="[DTYPE=]X", help="DTYPE=X or X for every float dtype; repeatable."),
+    rtol: List[str] = typer.Option([], "--rtol", metavar="[DTYPE=]X", help="DTYPE=X or X for every float dtype; repeatable."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Progress on stderr: a bar on a terminal, else a line every few seconds."),
 ) -> None:

@@ -27,8 +27,8 @@ def repro(
     determinism: int = typer.Option(0, "--determinism",
                                     help="Also replay N times (N >= 2) and report bitwise differences."),
     max_checks: int = typer.Option(400, "--max-checks", help="Most candidate traces to try while shrinking."),
-    atol: List[str] = typer.Option([], "--atol", help="DTYPE=X or X, as for kda replay; repeatable."),
-    rtol: List[str] = typer.Option([], "--rtol", help="DTYPE=X or X, as for kda replay; repeatable."),
+    atol: List[str] = typer.Option([], "--atol", metavar="[DTYPE=]X", help="DTYPE=X or X, as for kda replay; repeatable."),
+    rtol: List[str] = typer.Option([], "--rtol", metavar="[DTYPE=]X", help="DTYPE=X or X, as for kda replay; repeatable."),
     format: str = typer.Option("human", "--format", help="human or json."),
 ) -> None:
     """Shrink a failing trace into a bundle: trace.safetensors, report.md, repro.sh.
