@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from traces.bench.config import BenchConfig
 from traces.bench.results import Row
 from traces.bench.timers import CudaTimer, WallTimer, measure_copy_ceiling
-from traces.bench.config import BenchConfig
 
 
 def start_run(config: BenchConfig, device: str, progress: Callable[[str], None]):

@@ -28,6 +28,7 @@ COPY_CEILING_BYTES = 2**30
 MIN_REPS = 10
 """Fewest samples of a measured row, whatever its time budget."""
 SMOKE_REPS = 2
+"""Samples per smoke row: the fewest that run an op again after its restore."""
 
 
 class CudaTimer:

@@ -14,10 +14,10 @@ from typing import Callable
 import torch
 
 from traces.bench import timers
+from traces.bench.config import BenchConfig
 from traces.bench.contract_bytes import Shape, event_bytes
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
-from traces.bench.config import BenchConfig
 from traces.schema import PLAN_FIELDS
 from traces.tape import event_call, trace_buffers
 
