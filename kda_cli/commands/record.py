@@ -58,7 +58,7 @@ def merge(
 def run(
     ctx: typer.Context,
     out: Path = typer.Argument(..., help="Trace file to write."),
-    patch: List[str] = typer.Option([], "--patch",
+    patch: List[str] = typer.Option([], "--patch", metavar="MODULE[,MODULE...]",
                                     help="Module to record without editing the program: its kernel API functions "
                                          "and raw kernels are wrapped when it is imported (repeat or "
                                          "comma-separate)."),
