@@ -73,13 +73,29 @@ def select_device() -> str:
     comparison anyway.
     """
     if cuda_available():
-        return "cuda"
-    if "kernels.verify" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise CommandError("no CUDA device, and the kernels were imported before the Triton interpreter "
-                           "was enabled; set TRITON_INTERPRET=1", EXIT_RUNTIME)
-    os.environ["TRITON_INTERPRET"] = "1"
-    warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-    return "cpu"
+        device = "cuda"
+    else:
+        if "kernels.verify" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise CommandError("no CUDA device, and the kernels were imported before the Triton interpreter "
+                               "was enabled; set TRITON_INTERPRET=1", EXIT_RUNTIME)
+        os.environ["TRITON_INTERPRET"] = "1"
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+        device = "cpu"
+    _check_forced_designs()
+    return device
+
+
+def _check_forced_designs() -> None:
+    """A bad ``KDA_DESIGN`` is bad input, refused before any work (``kernels.launch``)."""
+    if not os.environ.get("KDA_DESIGN", "").strip():
+        return
+    from kernels.launch import DESIGNS, forced_design
+
+    try:
+        for op in DESIGNS:
+            forced_design(op)
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_BAD_INPUT) from None
 
 
 @contextmanager

@@ -238,3 +238,12 @@ def test_a_package_shadowing_kernels_is_named_in_one_error_line(tmp_path):
     line = _one_error(done.stderr)
     assert "'kernels'" in line and "the installed package kernels" in line and "pip uninstall kernels" in line
     assert "own environment" in line
+
+
+@pytest.mark.parametrize("value, named", [("verify=warp-speed", "'warp-speed'"), ("nonsense=token-loop", "'nonsense'")])
+def test_a_bad_forced_design_is_bad_input_before_any_work(value, named, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KDA_DESIGN", value)
+    code, out, err = run_kda(["replay", "--format", "json"], capsys, monkeypatch)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: KDA_DESIGN: unknown") and named in lines[0]
