@@ -20,7 +20,9 @@ other buffers (another layer) are passed through unrecorded and counted.
 Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
 call is forwarded as it is, so the graph captures what it would without the recorder, and
 counted in ``skipped_calls`` as ``captured`` (one line on stderr says how to record those
-steps: run the engine eagerly). A program that was not edited is recorded by patching its
+steps: run the engine eagerly). The bookkeeping of events (bound buffers, first-seen
+snapshots, shards, caps, merge) is ``traces.record_events.EventRecorder``, which ``Recorder``
+maps the kernel API onto. A program that was not edited is recorded by patching its
 modules (``traces.patch``).
 
 ``record_trace(path, ...)`` is the context-manager form. ``api()`` is the hook a process
@@ -33,25 +35,18 @@ from __future__ import annotations
 
 import atexit
 import os
-import shlex
-import shutil
 import sys
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
 
 import torch
 
-from traces.schema import NULL_ID, OPS, PLAN_FIELDS
-from traces.shards import MergeResult, RecordError, merge_shards, save_shard
-from traces.validate import dtype_name
+from traces.record_events import EventRecorder, shards_dir
+from traces.schema import NULL_ID, PLAN_FIELDS
+from traces.shards import MergeResult, RecordError, merge_shards
 
-SNAPSHOTS = ("touched", "all")
 ENV_PATH = "KDA_RECORD"
-
 
 CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded, nor are "
                  "the graph's replays; to record those steps run the engine eagerly (e.g. vLLM's --enforce-eager)")
@@ -62,64 +57,11 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def shards_dir(path: str | os.PathLike) -> Path:
-    """Where the shards of trace ``path`` are spilled: ``<path>.shards``."""
-    p = Path(path)
-    return p.with_name(p.name + ".shards")
-
-
-class Recorder:
-    """The kernel API of ``impl``, recording every call into ``path`` (see the module docstring).
-
-    ``ops`` keeps only those ops (note: the buffers then change between kept events
-    without a record, so such a trace replays exactly only where nothing skipped touched
-    the same slots). ``max_events`` and ``max_bytes`` stop recording once reached (the
-    byte cap counts shard bytes; the event that crosses it is still completed). Other
-    attributes (buffer classes, ``NULL_BLOCK_ID``) come from ``impl``.
+class Recorder(EventRecorder):
+    """The kernel API of ``impl``, recording every call into ``path`` (see the module docstring;
+    options as ``EventRecorder``'s). Other attributes (buffer classes, ``NULL_BLOCK_ID``) come
+    from ``impl``.
     """
-
-    def __init__(self, path: str | os.PathLike, impl: str | ModuleType = "kernels", *, snapshot: str = "touched",
-                 ops: tuple[str, ...] | list[str] | None = None, max_events: int | None = None,
-                 max_bytes: int | None = None):
-        if snapshot not in SNAPSHOTS:
-            raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
-        unknown = [op for op in ops or () if op not in OPS]
-        if unknown:
-            raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(OPS)}")
-        for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
-            if cap is not None and cap < 1:
-                raise RecordError(f"{name} must be positive, got {cap}")
-        if isinstance(impl, str):
-            from traces.impl import ImplError, load_impl
-
-            try:
-                self.impl, impl_name = load_impl(impl), impl
-            except ImplError as exc:
-                raise RecordError(str(exc)) from None
-        else:
-            self.impl, impl_name = impl, impl.__name__
-        self.path = Path(path)
-        self.shards = shards_dir(self.path)
-        if self.shards.exists():
-            raise RecordError(f"{self.shards} exists: merge it (kda record merge) or remove it first")
-        self.shards.mkdir(parents=True)
-        self.snapshot, self.ops = snapshot, tuple(ops) if ops else OPS
-        self.max_events, self.max_bytes = max_events, max_bytes
-        self.events = self.bytes = 0
-        self.skipped: dict[str, int] = {}
-        self.stopped: str | None = None
-        self.closed = False
-        self._bound: dict[str, torch.Tensor] = {}
-        self._lower_bound: tuple[float | None] | None = None
-        self._seen_slots: set[int] = set()
-        self._seen_rows: set[int] = set()
-        self._seen_whole: set[str] = set()
-        self._max_batch = 1
-        from traces.provenance import trace_provenance
-
-        self.provenance: dict[str, Any] = trace_provenance(
-            "kda record", command=shlex.join(sys.argv), impl=impl_name, snapshot=snapshot, ops=list(self.ops),
-            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
 
     def __getattr__(self, name: str) -> Any:
         if name == "impl":  # not set yet: never recurse
@@ -274,55 +216,6 @@ class Recorder:
             print(CAPTURED_NOTE, file=sys.stderr)
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
-    def closing_provenance(self) -> dict[str, Any]:
-        """Provenance known only once recording ends (none here; see ``traces.patch``)."""
-        return {}
-
-    def _begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
-               bind: dict[str, torch.Tensor], lower_bound: tuple | None = None) -> "_Event":
-        """Bind new buffers, snapshot first-seen regions, write the inputs shard.
-        ``lower_bound`` is ``(value,)`` for ops that take one."""
-        undo = (set(self._seen_slots), set(self._seen_rows), set(self._seen_whole), dict(self._bound),
-                self._lower_bound, self.stopped)
-        tensors: dict[str, torch.Tensor] = {}
-        for role, t in inputs.items():
-            if t is not None:
-                tensors[f"in.{role}"] = _cpu(t)
-        self._max_batch = max(self._max_batch, inputs["state_indices"].shape[0])
-        tensors.update(self._snapshots(slots, rows, bind, lower_bound))
-        index = self.events
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if self.max_bytes is not None and self.bytes + size > self.max_bytes:
-            self.stopped = "max_bytes"
-            return _Event(index, op, None, undo)
-        meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
-        self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
-        self.events += 1
-        if self.max_events is not None and self.events >= self.max_events:
-            self.stopped = "max_events"
-        return _Event(index, op, tensors, undo)
-
-    def _call(self, event: "_Event", run):
-        try:
-            return run()
-        except BaseException:
-            if event.tensors is not None:  # the call raised: it is not an event of the trace
-                (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
-                self.events -= 1
-                (self._seen_slots, self._seen_rows, self._seen_whole, self._bound, self._lower_bound,
-                 self.stopped) = event.undo
-                self.skipped["raised"] = self.skipped.get("raised", 0) + 1
-            raise
-
-    def _end(self, event: "_Event", expected: dict[str, torch.Tensor]) -> None:
-        if event.tensors is None:
-            return
-        tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
-        self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
-
-    def _bind(self, name: str, tensor: torch.Tensor) -> None:
-        self._bound.setdefault(name, tensor)
-
     def bind(self, checkpoint_state, records, pending, plan, A_log, dt_bias, lower_bound) -> None:
         """Declare the buffers of the trace before the first call (else each is bound when
         first seen), so that a trace of plans or defers alone still carries them all."""
@@ -330,93 +223,6 @@ class Recorder:
                         **_plan(plan), **_params(A_log, dt_bias)}.items():
             self._bind(role, t)
         self._lower_bound = (lower_bound,)
-
-    def _snapshots(self, slots, rows, bind: dict[str, torch.Tensor], lower_bound) -> dict[str, torch.Tensor]:
-        """Bind the buffers of this call and copy the regions seen for the first time."""
-        out: dict[str, torch.Tensor] = {}
-        for role, t in bind.items():
-            self._bind(role, t)
-        for role in _WHOLE:
-            if role in self._bound and role not in self._seen_whole:
-                self._seen_whole.add(role)
-                out[f"snap.{role}"] = _cpu(self._bound[role])
-        if lower_bound is not None and self._lower_bound is None:
-            self._lower_bound = lower_bound
-        pool = self._bound.get("checkpoint_state")
-        if pool is not None and slots is not None:
-            new = self._first_sight(self._seen_slots, slots, NULL_ID + 1, pool.shape[0])
-            if new:
-                index = torch.tensor(new, dtype=torch.int64)
-                out["snap.slots"] = index
-                out["snap.states"] = _cpu(pool[index.to(pool.device)])
-        corr = self._bound.get("records.correction")
-        if corr is not None and rows is not None:
-            new = self._first_sight(self._seen_rows, rows, 0, corr.shape[0])
-            if new:
-                index = torch.tensor(new, dtype=torch.int64)
-                out["snap.rows"] = index
-                out["snap.records.correction"] = _cpu(corr[index.to(corr.device)])
-                kg = self._bound["records.key_gate"]
-                out["snap.records.key_gate"] = _cpu(kg[index.to(kg.device)])
-        return out
-
-    def _first_sight(self, seen: set[int], indices, low: int, size: int) -> list[int]:
-        """Indices in ``[low, size)`` this call touches (every one, with snapshot ``all``) that
-        no earlier event did; they are marked seen."""
-        wanted = range(size) if self.snapshot == "all" else _ints(indices, low, size)
-        new = sorted(set(wanted) - seen)
-        seen.update(new)
-        return new
-
-    def _context(self) -> dict[str, Any]:
-        """What the manifest needs, as far as known now (each shard carries it)."""
-        ctx: dict[str, Any] = {"provenance": {**self.provenance, "skipped_calls": dict(self.skipped)},
-                               "max_batch": self._max_batch}
-        pool, corr = self._bound.get("checkpoint_state"), self._bound.get("records.correction")
-        if pool is not None and corr is not None:
-            N, H, V, K = pool.shape
-            ctx.update(dims={"H": H, "K": K, "V": V, "T": corr.shape[2]}, num_slots=N, num_record_rows=corr.shape[0],
-                       state_dtype=dtype_name(pool.dtype),
-                       activation_dtype=dtype_name(self._bound["records.key_gate"].dtype),
-                       lower_bound=self._lower_bound[0] if self._lower_bound else None)
-        if "pending" in self._bound:
-            ctx["num_record_rows"] = self._bound["pending"].shape[0]
-        if "plan.commit_lens" in self._bound:
-            ctx["plan_rows"] = self._bound["plan.commit_lens"].shape[0]
-        return ctx
-
-    def close(self) -> MergeResult | None:
-        """Stop recording and merge the shards into ``path`` (then remove them). Returns
-        None when nothing was recorded. Raises ``RecordError`` (shards kept) when they
-        cannot make a trace. Closing twice is a no-op."""
-        if self.closed:
-            return None
-        self.closed = True
-        if self.events == 0:
-            shutil.rmtree(self.shards, ignore_errors=True)
-            return None
-        extra = {"skipped_calls": dict(self.skipped), "stopped_by": self.stopped, **self.closing_provenance()}
-        result = merge_shards(self.shards, self.path, extra)
-        shutil.rmtree(self.shards, ignore_errors=True)
-        return result
-
-    def __enter__(self) -> "Recorder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-_WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
-"""Bound buffers snapshot whole at first sight (small); pool and records go by region."""
-
-
-@dataclass
-class _Event:
-    index: int
-    op: str
-    tensors: dict[str, torch.Tensor] | None  # None: not recorded (a cap was reached)
-    undo: tuple  # what was seen and bound before it, restored when the call raises
 
 
 def _records(records) -> dict[str, torch.Tensor]:
@@ -433,16 +239,6 @@ def _plan(plan) -> dict[str, torch.Tensor]:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-
-
-def _cpu(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True).contiguous()
-
-
-def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
-    """Distinct values of ``t`` in ``[lo, hi)``."""
-    v = t.reshape(-1).cpu().long()
-    return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
 
 
 def _rows_or_default(record_indices, state_indices) -> torch.Tensor:
