@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 import kernels.reference as ref
-from tests.trace_helpers import load_raw, run_kda
+from tests.trace_helpers import INT32_MAX, load_raw, record_align_trace, run_kda
 from traces.io import CHECKSUM_KEY, file_metadata
 from traces.synth import SynthConfig, synthesize
 
@@ -290,20 +290,13 @@ def test_malformed_traces_fail_cleanly(valid_trace, tmp_path, capsys, monkeypatc
 # -- generated families: hostile traces and shards; each case is drawn from its family and
 # seed, both in the test's id, so a failure names what reproduces it --------------------
 
-INT32_MAX = 2**31 - 1
 HOSTILE = "\n\r\x1b[2J\x1b]0;t\x07\x9b\u202e\u2028\x00\x7f"
 """Characters a name or provenance must never carry to the terminal."""
 
 
 @pytest.fixture(scope="module")
 def align_trace(tmp_path_factory) -> Path:
-    from tests.decode_loop import decode_loop
-    from traces.record import record_trace
-
-    path = tmp_path_factory.mktemp("fuzz") / "align.safetensors"
-    with record_trace(path, "reference") as api:
-        decode_loop(api, "align", steps=2)
-    return path
+    return record_align_trace(tmp_path_factory.mktemp("fuzz") / "align.safetensors")
 
 
 def _align_bounds(rng: random.Random, m: dict, t: dict) -> None:

@@ -18,14 +18,11 @@ import torch
 from safetensors.torch import save_file
 
 import kernels.reference as ref
-from tests.decode_loop import decode_loop
-from tests.trace_helpers import load_raw, make_trace, run_kda
+from tests.trace_helpers import INT32_MAX, load_raw, make_trace, record_align_trace, run_kda
 from traces.io import CHECKSUM_KEY, file_metadata
-from traces.record import record_trace
 from traces.schema import BUFFERS, INPUTS, PARAMS, BufferSizes, Dims, Event, Manifest, TraceError
 from traces.validate import TensorMeta, validate_trace
 
-INT32_MAX = 2**31 - 1
 calls: list[str] = []
 
 
@@ -50,10 +47,7 @@ def mixed(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def align(tmp_path_factory) -> Path:
     """A recorded align-mode decode loop: plan events with a block table."""
-    path = tmp_path_factory.mktemp("hostile") / "align.safetensors"
-    with record_trace(path, "reference") as api:
-        decode_loop(api, "align", steps=2)
-    return path
+    return record_align_trace(tmp_path_factory.mktemp("hostile") / "align.safetensors")
 
 
 def write_raw(path: Path, manifest: dict | str, tensors: dict[str, torch.Tensor]) -> Path:

@@ -22,6 +22,19 @@ def make_trace(path: Path, config: SynthConfig = TINY) -> Path:
     return path
 
 
+INT32_MAX = 2**31 - 1
+
+
+def record_align_trace(path: Path) -> Path:
+    """A recorded align-mode decode loop (plan events with a block table), through the reference."""
+    from tests.decode_loop import decode_loop
+    from traces.record import record_trace
+
+    with record_trace(path, "reference") as api:
+        decode_loop(api, "align", steps=2)
+    return path
+
+
 def load_raw(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Manifest as a dict and every tensor, bypassing validation."""
     with safe_open(str(path), "pt") as f:
