@@ -89,11 +89,10 @@ def _check_forced_designs() -> None:
     """A bad ``KDA_DESIGN`` is bad input, refused before any work (``kernels.launch``)."""
     if not os.environ.get("KDA_DESIGN", "").strip():
         return
-    from kernels.launch import DESIGNS, forced_design
+    from kernels.launch import forced_designs
 
     try:
-        for op in DESIGNS:
-            forced_design(op)
+        forced_designs()
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
 

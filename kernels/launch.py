@@ -7,7 +7,7 @@ behind them are in ``benchmarks/NOTES.md``, the map in prose in docs/design.md Â
 only, never values: a choice never needs a host synchronisation.
 
 ``KDA_DESIGN`` forces designs: ``KDA_DESIGN=verify=one-pass,commit=fold-in-tile`` (ops and
-designs in ``DESIGNS``). It is read here only (``forced_design``); tests and benchmark
+designs in ``DESIGNS``). It is read here only (``forced_designs``); tests and benchmark
 variants use it to run a design outside the shapes the table gives it.
 """
 
@@ -132,8 +132,8 @@ def _verify_state_rows(key: Key) -> int:
 _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES}
 
 
-def forced_design(op: str) -> str | None:
-    """The design ``KDA_DESIGN`` forces for ``op`` (``None``: the table chooses). Raises
+def forced_designs() -> dict[str, str]:
+    """The designs ``KDA_DESIGN`` forces, op -> design (empty: the table chooses). Raises
     ``ValueError`` naming the bad entry for an unknown op or design."""
     text = os.environ.get(DESIGN_ENV, "").strip()
     forced = {}
@@ -145,12 +145,12 @@ def forced_design(op: str) -> str | None:
         if design not in DESIGNS[name]:
             raise ValueError(f"{DESIGN_ENV}: unknown {name} design {design!r} (designs: {', '.join(DESIGNS[name])})")
         forced[name] = design
-    return forced.get(op)
+    return forced
 
 
 def choose_design(op: str, key: Key) -> str:
     """The forced design of ``op`` if any, else the first rule of its table that holds."""
-    return forced_design(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
+    return forced_designs().get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
 
 
 def _key(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int, target: Target) -> Key:

@@ -68,8 +68,7 @@ def use_designs(monkeypatch, **designs: str) -> None:
     op's name with ``_`` for ``-``."""
     forced = ",".join(f"{op.replace('_', '-')}={design}" for op, design in designs.items())
     monkeypatch.setenv(kernels.launch.DESIGN_ENV, forced)
-    for op, design in designs.items():
-        assert kernels.launch.forced_design(op.replace("_", "-")) == design
+    assert kernels.launch.forced_designs() == {op.replace("_", "-"): design for op, design in designs.items()}
 
 
 @pytest.fixture(params=kernels.launch.DESIGNS["commit"])
