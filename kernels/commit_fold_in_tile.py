@@ -14,7 +14,7 @@ from kernels.commit_row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.fold import recorded_corrections
 from kernels.launch import DOT_PRECISION, CommitConfig
-from kernels.triton_math import fold_operand, record_key_inverse_norms, record_keys_and_gates
+from kernels.triton_math import NULL_SLOT, fold_operand, record_key_inverse_norms, record_keys_and_gates
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _commit_fold_in_tile_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
-        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, NULL_SLOT, T, HAS_RECORD_INDICES)
     if folds:
         offs_t = tl.arange(0, BT)
         offs_v = pid_v * BV + tl.arange(0, BV)

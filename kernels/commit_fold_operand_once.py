@@ -18,7 +18,7 @@ from kernels.commit_row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, CommitConfig
-from kernels.triton_math import record_key_inverse_norms
+from kernels.triton_math import NULL_SLOT, record_key_inverse_norms
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def _commit_fold_operand_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     n, _, rec, folds, _, _, _, has_boundary, recovery = commit_row(
-        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, NULL_SLOT, T, HAS_RECORD_INDICES)
     if folds:
         offs_t = tl.arange(0, BT)
         kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
@@ -74,7 +74,7 @@ def _commit_fold_state_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
-        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, NULL_SLOT, T, HAS_RECORD_INDICES)
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
         mask_v = (offs_v < V)[:, None]

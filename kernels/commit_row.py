@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import KDARecoverSSMRecords
-from kernels.triton_math import NULL_SLOT, record_row
+from kernels.triton_math import record_row
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,13 @@ class CommitCall:
 
 
 @triton.jit
-def commit_row(plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T: tl.constexpr,
-                HAS_RECORD_INDICES: tl.constexpr):
+def commit_row(plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T: tl.constexpr,
+               HAS_RECORD_INDICES: tl.constexpr):
     """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds,
     final, has_final, boundary, has_boundary, recovery)``, slots int64; nothing is folded
     unless ``folds``, a slot is written only where its ``has_*`` holds. ``plan``: the
-    ``CommitPlan``'s four row pointers, in its field order."""
+    ``CommitPlan``'s four row pointers, in its field order; ``null_slot``: ``NULL_SLOT``, or
+    the same value passed at run time (``kernels.commit_token_loop`` says why)."""
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
     n = tl.minimum(tl.load(commit_lens_ptr + b), T)
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
@@ -69,9 +70,9 @@ def commit_row(plan, state_indices_ptr, record_indices_ptr, b, stride_state_indi
     final = tl.load(final_state_indices_ptr + b).to(tl.int64)
     boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
     recovery = tl.load(boundary_recovery_lens_ptr + b)
-    has_boundary = (boundary > NULL_SLOT) & (recovery > 0) & (recovery <= n)
-    folds = (n > 0) & (source > NULL_SLOT) & (rec >= 0)
-    return n, source, rec, folds, final, final > NULL_SLOT, boundary, has_boundary, recovery
+    has_boundary = (boundary > null_slot) & (recovery > 0) & (recovery <= n)
+    folds = (n > 0) & (source > null_slot) & (rec >= 0)
+    return n, source, rec, folds, final, final > null_slot, boundary, has_boundary, recovery
 
 
 @triton.jit

@@ -12,17 +12,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.buffers import NULL_BLOCK_ID
 from kernels.commit_row import CommitCall, commit_row
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token
 from kernels.launch import CommitConfig
-from kernels.triton_math import NULL_SLOT, record_row
+from kernels.triton_math import record_row
 
 
 @triton.jit
 def _commit_token_loop_kernel(
-    state_ptr, records, gate, state_indices_ptr, record_indices_ptr, plan, pending_ptr, stride_state_indices,
+    state_ptr, records, gate, state_indices_ptr, record_indices_ptr, plan, pending_ptr, stride_state_indices, null_slot,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, PENDING: tl.constexpr,
     DEPENDENT: tl.constexpr,
@@ -32,6 +33,10 @@ def _commit_token_loop_kernel(
     goes to the boundary slot, after ``n`` to the final one. Each token's work is elementwise
     over the tile but for its key's norm, and nothing is stored before the last token, so
     every token's loads can go out at once.
+
+    ``null_slot`` is ``NULL_SLOT`` passed at run time: as a constant, the compiler folds the
+    row's checks together and ptxas schedules the tile's loads later, which measured slower at
+    T=4 (``benchmarks/NOTES.md`` §5).
 
     With ``PENDING`` the plan is not read: each row folds its pending count (``pending``
     at its record row, as a flush plans it) into its own slot in place, and neither consumes
@@ -46,7 +51,7 @@ def _commit_token_loop_kernel(
     if PENDING:
         source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
         rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-        owned = (source > NULL_SLOT) & (rec >= 0)
+        owned = (source > null_slot) & (rec >= 0)
         n = planned_flush_count(tl.load(pending_ptr + rec, mask=owned, other=0), T)
         # every record of an owned row is read whatever its count, so no load waits for it
         folds, read_count = owned, T
@@ -56,7 +61,7 @@ def _commit_token_loop_kernel(
         boundary, has_boundary, recovery = source, False, 0
     else:
         n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
-            plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, T, HAS_RECORD_INDICES)
+            plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
         read_count = n
     if folds:
         offs_v = pid_v * BV + tl.arange(0, BV)
@@ -88,7 +93,7 @@ def launch_token_loop(call: CommitCall, cfg: CommitConfig) -> None:
     ``pending`` counts (``PENDING``) where it has them."""
     _commit_token_loop_kernel[(triton.cdiv(call.V, cfg.block_v), call.H, call.B)](
         call.state, call.record_tensors(), call.gate(), call.state_indices, call.record_indices, call.plan_rows,
-        call.pending, call.state_indices.stride(0), V=call.V, BK=cfg.block_k, BV=cfg.block_v,
+        call.pending, call.state_indices.stride(0), NULL_BLOCK_ID, V=call.V, BK=cfg.block_k, BV=cfg.block_v,
         PENDING=call.pending is not None, **call.shape_options(), **dependent_launch(call.state.device),
         num_warps=1, num_stages=1, maxnreg=cfg.max_registers,
     )
