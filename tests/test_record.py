@@ -31,10 +31,10 @@ def _ops(path: Path) -> list[str]:
 DEFERRED_OPS = ["flush"] + ["verify", "plan", "defer", "commit", "flush"] * 3
 
 
-def test_recorded_decode_loop_replays_bit_identically(tmp_path, capsys, monkeypatch):
+def test_recorded_decode_loop_replays_bit_identically(tmp_path, capsys, monkeypatch, device):
     path = tmp_path / "live.safetensors"
     with record_trace(path, "kernels") as api:
-        decode_loop(api, "deferred", steps=3)
+        decode_loop(api, "deferred", steps=3, device=device)
     assert not shards_dir(path).exists()
     assert _ops(path) == DEFERRED_OPS
     code, out, err = run_kda(["replay", str(path), "--impl", "triton", "--atol", "0", "--rtol", "0",
@@ -46,12 +46,12 @@ def test_recorded_decode_loop_replays_bit_identically(tmp_path, capsys, monkeypa
     assert all(t["max_abs"] == 0 and t["mismatches"] == 0 for t in compared)
 
 
-def test_fused_calls_are_recorded_as_the_ops_they_stand_for(tmp_path, capsys, monkeypatch):
+def test_fused_calls_are_recorded_as_the_ops_they_stand_for(tmp_path, capsys, monkeypatch, device):
     """``kda_recoverssm_flush_verify`` as a flush then a verify, ``kda_recoverssm_plan_deferred``
     as a plan then a defer: the same events as the unfused loop, and they replay."""
     path = tmp_path / "fused.safetensors"
     with record_trace(path, "kernels") as api:
-        decode_loop(api, "deferred", steps=3, fused=True)
+        decode_loop(api, "deferred", steps=3, fused=True, device=device)
     assert _ops(path) == DEFERRED_OPS
     code, out, err = run_kda(["replay", str(path), "--impl", "reference", "--format", "json", "--no-progress"],
                              capsys, monkeypatch)
@@ -120,7 +120,7 @@ def test_caps_filter_and_foreign_buffers(tmp_path):
     assert skipped == {"flush": 5, "plan": 3, "defer": 3, "verify": 1, "commit": 1}
 
 
-def test_byte_cap_and_a_call_that_raises(tmp_path, capsys, monkeypatch):
+def test_byte_cap_and_a_call_that_raises(tmp_path, capsys, monkeypatch, device):
     path = tmp_path / "small.safetensors"
     with record_trace(path, "reference", max_bytes=20_000) as api:
         decode_loop(api, "deferred", steps=3)
@@ -136,7 +136,7 @@ def test_byte_cap_and_a_call_that_raises(tmp_path, capsys, monkeypatch):
         with pytest.raises(ValueError):  # raw_beta has the wrong shape
             api.kda_recoverssm_verify(x, x, x, x, x, torch.zeros(2), torch.zeros(32), -5.0, pool, records,
                                       torch.tensor([0, 4], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), 4)
-        decode_loop(api, "deferred", steps=2)
+        decode_loop(api, "deferred", steps=2, device=device)  # replayed bit for bit below: on its device
     with read_trace(path) as trace:
         assert trace.manifest.provenance["skipped_calls"] == {"raised": 1}
         assert len(trace.events) == 11
@@ -187,7 +187,8 @@ def kda_recoverssm_commit(*args, **kwargs):
 """
 
 
-def _program(tmp_path: Path) -> Path:
+def _program(tmp_path: Path, device: str) -> Path:
+    """A decode loop recorded through ``traces.record.api`` on ``device`` (the one kda replays on)."""
     (tmp_path / "dying_impl.py").write_text(_DYING_PROGRAM.format(repo=str(REPO)))
     main = tmp_path / "main.py"
     main.write_text(textwrap.dedent(f"""
@@ -195,16 +196,16 @@ def _program(tmp_path: Path) -> Path:
         sys.path.insert(0, {str(REPO)!r})
         from tests.decode_loop import decode_loop
         from traces.record import api
-        decode_loop(api("reference"), "deferred", steps=3)
+        decode_loop(api("reference"), "deferred", steps=3, device={device!r})
     """))
     return main
 
 
-def test_a_process_that_dies_mid_call_leaves_a_mergeable_trace(tmp_path, capsys, monkeypatch):
+def test_a_process_that_dies_mid_call_leaves_a_mergeable_trace(tmp_path, capsys, monkeypatch, device):
     path = tmp_path / "crash.safetensors"
     env = dict(os.environ, KDA_RECORD=str(path), KDA_RECORD_IMPL=str(tmp_path / "dying_impl.py"),
                TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, str(_program(tmp_path))], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(_program(tmp_path, device))], env=env, capture_output=True, text=True)
     assert done.returncode == 7 and not path.exists()
     code, out, err = run_kda(["record", "merge", str(shards_dir(path)), str(path), "--format", "json"],
                              capsys, monkeypatch)
@@ -219,8 +220,8 @@ def test_a_process_that_dies_mid_call_leaves_a_mergeable_trace(tmp_path, capsys,
     assert code == 0, out + err
 
 
-def test_record_run_records_a_program(tmp_path, capsys, monkeypatch):
-    main = _program(tmp_path)
+def test_record_run_records_a_program(tmp_path, capsys, monkeypatch, device):
+    main = _program(tmp_path, device)
     path = tmp_path / "run.safetensors"
     code, out, err = run_kda(["record", "run", str(path), "--ops", "verify", "--", sys.executable, str(main)],
                              capsys, monkeypatch)
