@@ -1,6 +1,6 @@
 """Compile every kernel launch of every design for sm_90, without a GPU.
 
-usage: python3 benchmarks/compile_offline.py
+usage: python3 benchmarks/compile_offline.py [--resources]
 
 Runs the public API on CPU tensors at the k3-tp8 shape (H=12, K=V=128, bf16 activations),
 each design forced in turn through ``KDA_DESIGN``, with the launch choices an H200 gets
@@ -8,12 +8,18 @@ each design forced in turn through ``KDA_DESIGN``, with the launch choices an H2
 ``cuda:90`` of the arguments as the runtime would specialise them: a change that breaks the
 compiled path (not the interpreter's) shows here before a GPU run. Nothing is launched, so
 no value is checked; ``pytest -m gpu`` does that. Exit status 0 when every launch compiled.
+``--resources``: each kernel's registers per thread, spill bytes and SASS instruction count
+(static, the whole kernel), from ``cuobjdump``; a proxy for a change's cost, not a time.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +36,22 @@ from triton.runtime.jit import JITFunction, create_function_from_signature  # no
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
 _compiled: set[tuple[str, str, str]] = set()
+_CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+RESOURCES = "--resources" in sys.argv[1:]
+
+
+def resources(cubin: bytes) -> str:
+    """Registers, stack and local bytes (spills) and SASS instructions (by opcode, the most frequent first) of a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([_CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([_CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout
+    registers = re.search(r"REG:(\d+)", usage).group(1)
+    spills = int(re.search(r"LOCAL:(\d+)", usage).group(1)) + int(re.search(r"STACK:(\d+)", usage).group(1))
+    ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9]+)", sass))
+    top = " ".join(f"{op}:{n}" for op, n in ops.most_common(6))
+    return f"registers {registers}, stack and local {spills} B, {sum(ops.values())} instructions ({top})"
 
 
 def _compile_instead_of_launch(fn: JITFunction, *args, grid, warmup, **kwargs):
@@ -42,9 +64,10 @@ def _compile_instead_of_launch(fn: JITFunction, *args, grid, warmup, **kwargs):
     if key not in _compiled:
         options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
         start = time.perf_counter()
-        triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
         _compiled.add(key)
-        print(f"  {fn.fn.__name__}: {time.perf_counter() - start:.1f} s", flush=True)
+        detail = f"; {resources(kernel.asm['cubin'])}" if RESOURCES else ""
+        print(f"  {fn.fn.__name__}: {time.perf_counter() - start:.1f} s{detail}", flush=True)
 
 
 JITFunction.run = _compile_instead_of_launch
