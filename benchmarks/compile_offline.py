@@ -41,7 +41,8 @@ RESOURCES = "--resources" in sys.argv[1:]
 
 
 def resources(cubin: bytes) -> str:
-    """Registers, stack and local bytes (spills) and SASS instructions (by opcode, the most frequent first) of a cubin."""
+    """Registers, stack and local bytes (spills) and SASS instructions of a cubin (by opcode,
+    the most frequent first)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
