@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels.commit_row import CommitCall, commit_row, slot_tile
-from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.fold import recorded_corrections
 from kernels.launch import DOT_PRECISION, CommitConfig
 from kernels.triton_math import NULL_SLOT, fold_operand, record_key_inverse_norms, record_keys_and_gates
@@ -47,11 +47,7 @@ def _commit_fold_in_tile_kernel(
     """Per (V-tile, head, row): each block of the fold operand rebuilt beside its state block."""
     key_gate_ptr, correction_ptr = records
     A_log_ptr, dt_bias_ptr, lower_bound = gate
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
         plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, NULL_SLOT, T, HAS_RECORD_INDICES)
     if folds:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.commit_row import CommitCall, commit_row, slot_tile
-from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, CommitConfig
 from kernels.triton_math import NULL_SLOT, record_key_inverse_norms
@@ -33,11 +33,7 @@ def _commit_fold_operand_kernel(
     ``o * operand_stride + p`` in units of one pair's ``fold [BT, K]`` and ``decay [K]``."""
     A_log_ptr, dt_bias_ptr, lower_bound = gate
     fold_ptr, decay_ptr = fold_operands
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    part = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    part, h, b = start_tile_head_row(DEPENDENT)
     n, _, rec, folds, _, _, _, has_boundary, recovery = commit_row(
         plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, NULL_SLOT, T, HAS_RECORD_INDICES)
     if folds:
@@ -68,11 +64,7 @@ def _commit_fold_state_kernel(
 ):
     """Per (V-tile, head, row): the operands of ``_commit_fold_operand_kernel`` applied to each block."""
     fold_ptr, decay_ptr = fold_operands
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
         plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, NULL_SLOT, T, HAS_RECORD_INDICES)
     if folds:

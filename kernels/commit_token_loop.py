@@ -14,7 +14,7 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID
 from kernels.commit_row import CommitCall, commit_row
-from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token
 from kernels.launch import CommitConfig
@@ -43,11 +43,7 @@ def _commit_token_loop_kernel(
     the count nor writes a plan row (``fold_pending``)."""
     key_gate_ptr, correction_ptr = records
     A_log_ptr, dt_bias_ptr, lower_bound = gate
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
     if PENDING:
         source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
         rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)

@@ -8,6 +8,7 @@ SMs before the kernel ahead of it in the stream has finished. Every kernel here 
   returns once the kernel ahead has completed and its writes are visible;
 - ``release_next_grid(DEPENDENT)`` comes after that wait (right after it, unless the kernel
   says otherwise): the next kernel launches once every program has released or exited.
+  ``start_tile_head_row`` does both for the kernels on a ``(tile, head, row)`` grid.
 
 So no kernel touches memory before every earlier kernel in the stream is done (each one
 ahead waited in turn): only the launch latency and the ramp of each grid are hidden, never
@@ -71,6 +72,15 @@ def release_next_grid(DEPENDENT: tl.constexpr):
     or exited; only after ``await_prior_grid``."""
     if DEPENDENT:
         gdc_launch_dependents()
+
+
+@triton.jit
+def start_tile_head_row(DEPENDENT: tl.constexpr):
+    """Both rules, in order, for a program of a ``(tile, head, row)`` grid: waits for the
+    kernel ahead, releases the next, and returns the program's ``(tile, head, row)``."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
+    return tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
 
 @triton.jit

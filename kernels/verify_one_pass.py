@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
+from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
 from kernels.triton_math import NULL_SLOT, record_row
 from kernels.verify_window import (
@@ -39,11 +39,7 @@ def _verify_one_pass_kernel(
     A_log_ptr, dt_bias_ptr, lower_bound = gate
     key_gate_ptr, correction_ptr = records
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
     BM: tl.constexpr = 2 * BT
 
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)

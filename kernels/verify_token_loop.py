@@ -17,8 +17,9 @@ import triton
 import triton.language as tl
 
 from kernels.dependent_launch import (
-    arrive, arrived_last, await_prior_grid, dependent_launch, gpu_fence, release_next_grid, row_counters,
+    arrive, arrived_last, dependent_launch, gpu_fence, row_counters, start_tile_head_row,
 )
+
 from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.fold import fold_recorded_token
 from kernels.launch import Target, VerifyConfig
@@ -71,11 +72,7 @@ def _verify_token_loop_kernel(
     key_gate_ptr, correction_ptr = records
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
     BM: tl.constexpr = 2 * BT
 
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)

@@ -26,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dependent_launch import (
-    await_prior_grid, dependent_launch, release_next_grid,
-)
+from kernels.dependent_launch import await_prior_grid, dependent_launch, start_tile_head_row
+
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
@@ -190,11 +189,7 @@ def _verify_state_kernel(
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
     operand_ptr, row_scale_ptr, mix_ptr = window_operands
     fold_ptr, decay_ptr = fold_operands
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_v = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
 
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
 
