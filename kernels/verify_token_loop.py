@@ -19,7 +19,6 @@ import triton.language as tl
 from kernels.dependent_launch import (
     arrive, arrived_last, dependent_launch, gpu_fence, row_counters, start_tile_head_row,
 )
-
 from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.fold import fold_recorded_token
 from kernels.launch import Target, VerifyConfig

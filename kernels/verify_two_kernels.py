@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from kernels.dependent_launch import await_prior_grid, dependent_launch, start_tile_head_row
-
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
