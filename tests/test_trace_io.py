@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
+import time
 
 import pytest
 import torch
@@ -146,3 +148,32 @@ def test_builder_api_for_recorders(tmp_path):
     b.write(tmp_path / "rec.safetensors")
     with read_trace(tmp_path / "rec.safetensors") as t:
         assert [e.op for e in t.events] == ["plan"] and not t.manifest.final
+
+
+def test_a_stop_during_a_tensor_read_comes_after_the_read(tmp_path, monkeypatch):
+    """Ctrl-C while safetensors builds a tensor: the extension would turn the
+    ``KeyboardInterrupt`` raised inside it into an error of its own (a stopped replay then
+    read as a damaged file); held, the read completes and the stop follows it, through the
+    command line's handler, which names the signal."""
+    from kda_cli import runtime
+
+    trace = read_trace(make_trace(tmp_path / "t.safetensors"))
+    name = sorted(trace.names)[0]
+    handle, reads = trace._handle, []
+
+    class Extension:  # safetensors' handle, and what it makes of an exception raised inside it
+        def get_tensor(self, tensor_name):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler runs here, inside the read
+            except BaseException:
+                raise TypeError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+            reads.append(tensor_name)
+            return handle.get_tensor(tensor_name)
+
+    trace._handle = Extension()
+    with runtime.stop_signals():
+        with pytest.raises(KeyboardInterrupt):
+            trace.tensor(name)
+        assert reads == [name]
+        assert runtime.interrupted().code == 128 + signal.SIGINT

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from traces.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError, strict_json
+from traces.signals import interrupts_held
 from traces.validate import DictSource, TensorMeta, validate_trace
 
 _SAFETENSORS_DTYPES = {
@@ -75,7 +76,8 @@ class Trace:
         if name not in self.names:
             raise TraceError(f"tensor '{name}': missing from the file")
         try:
-            t = self._handle.get_tensor(name)
+            with interrupts_held():  # a stop during the read would come out of it as a read error
+                t = self._handle.get_tensor(name)
         except Exception as exc:  # a file changed or damaged after validation
             raise TraceError(f"tensor '{name}': cannot be read ({exc})") from None
         if self._checksums is not None and crc32(t) != self._checksums[name]:

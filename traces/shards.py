@@ -29,6 +29,7 @@ from traces.io import CHECKSUM_KEY, TraceBuilder, crc32, read_header, save_atomi
 from traces.schema import (
     ACTIVATION_DTYPES, OPS, PLAN_FIELDS, STATE_DTYPES, BufferSizes, Dims, Manifest, TraceError, strict_json,
 )
+from traces.signals import interrupts_held
 from traces.validate import INT32_MAX, TORCH_DTYPES
 
 SHARD_KEY = "kda-shard"
@@ -85,7 +86,8 @@ def load_shard(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
                 raise ShardDamaged("checksum mismatch")
             tensors = {}
             for name in f.keys():
-                tensors[name] = f.get_tensor(name)
+                with interrupts_held():  # a stop during the read would come out of it as a read error
+                    tensors[name] = f.get_tensor(name)
                 if tensor_sum(tensors[name]) != sums["tensors"][name]:
                     raise ShardDamaged(f"checksum mismatch in tensor {name!r}")
         return strict_json(metadata[SHARD_KEY], SHARD_KEY), tensors

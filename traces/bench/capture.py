@@ -1,5 +1,6 @@
-"""Signals and CUDA graph capture: a capture is never cut half way by Ctrl-C or SIGTERM, and
-an implementation that synchronises with the host is refused before it is captured.
+"""CUDA graph capture: never cut half way by Ctrl-C or SIGTERM (``interrupts_held``, from
+``traces.signals``), and an implementation that synchronises with the host is refused before
+it is captured.
 
 Each row's graph is captured after two warm-up runs on a side stream (the second under
 ``torch.cuda.set_sync_debug_mode("error")``), so such an implementation's row fails loudly
@@ -8,36 +9,15 @@ instead of being timed wrongly.
 
 from __future__ import annotations
 
-import signal
-import threading
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
+
+from traces.signals import interrupts_held
 
 
 class SyncError(RuntimeError):
     """The implementation synchronised with the host, so it cannot run inside a CUDA graph."""
-
-
-@contextmanager
-def interrupts_held() -> Iterator[None]:
-    """Within: Ctrl-C and SIGTERM wait, then stop the run (``KeyboardInterrupt``) as the block
-    ends, so that a CUDA graph capture is never cut half way (the stream would be left
-    capturing). Only in the main thread, where signal handlers run; elsewhere a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in held}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if arrived:
-        raise KeyboardInterrupt
 
 
 def warm_and_capture(run: Callable[[], None], restore: Callable[[], None]) -> torch.cuda.CUDAGraph:
