@@ -122,7 +122,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{p}: empty file")
     read_header(p)
     try:
-        handle = safe_open(str(p), framework="pt")
+        with interrupts_held():  # the extension calls back into torch as it opens the file
+            handle = safe_open(str(p), framework="pt")
         metadata = handle.metadata() or {}
     except Exception as exc:
         raise TraceError(f"{p}: not a readable safetensors file ({exc})") from None

@@ -75,7 +75,9 @@ def load_shard(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     """A shard's JSON entry and tensors, checksums checked; raises ``ShardDamaged``."""
     try:
         read_header(path)
-        with safe_open(str(path), framework="pt") as f:
+        with interrupts_held():  # the extension calls back into torch as it opens the file
+            handle = safe_open(str(path), framework="pt")
+        with handle as f:
             metadata = f.metadata() or {}
             if set(metadata) != {SHARD_KEY, CHECKSUM_KEY}:
                 raise ShardDamaged("metadata entries missing or unknown")
