@@ -150,7 +150,7 @@ def test_builder_api_for_recorders(tmp_path):
         assert [e.op for e in t.events] == ["plan"] and not t.manifest.final
 
 
-def test_a_stop_during_a_tensor_read_comes_after_the_read(tmp_path, monkeypatch):
+def test_a_stop_during_a_tensor_read_comes_after_the_read(tmp_path):
     """Ctrl-C while safetensors builds a tensor: the extension would turn the
     ``KeyboardInterrupt`` raised inside it into an error of its own (a stopped replay then
     read as a damaged file); held, the read completes and the stop follows it, through the
