@@ -96,13 +96,37 @@ def test_layer_picks_the_nth_set_of_buffers_and_the_env_variable_patches(tmp_pat
 @pytest.mark.parametrize("args, message", [
     (["--layer", "-1", *PATCHES], "--layer -1: expected a layer number >= 0"),
     (["--layer", "1"], "--layer needs --patch"),
+    (["--snapshot", "some", *PATCHES], "snapshot 'some': expected one of touched, all"),
+    (["--ops", "verify,fold"], "ops: fold not among verify, plan, defer, commit, flush"),
+    (["--max-events", "0"], "--max-events 0: must be positive"),
+    (["--max-mb", "-1", *PATCHES], "--max-mb -1: must be positive"),
+    (["--impl", "missing/engine.py"], "--impl missing/engine.py: no such file"),
 ])
-def test_bad_record_run_options_are_one_error_line(tmp_path, args, message, capfd, monkeypatch):
-    code, out, err = run_kda(["record", "run", str(tmp_path / "x.safetensors"), *args, "--", "true"], capfd,
-                             monkeypatch)
+def test_bad_record_run_options_are_refused_before_the_command_runs(tmp_path, args, message, capfd, monkeypatch):
+    """What the child's recorder would refuse once the program has started (with ``--patch``
+    it would then run unrecorded) is one error line, exit 2, and the command never runs."""
+    ran = tmp_path / "ran"
+    code, out, err = run_kda(["record", "run", str(tmp_path / "x.safetensors"), *args, "--", sys.executable, "-c",
+                              f"open({str(ran)!r}, 'w')"], capfd, monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1
     assert lines[0].startswith("Error: ") and message in lines[0]
+    assert not ran.exists() and not list(tmp_path.glob("x.safetensors*"))
+
+
+def test_a_trace_left_by_an_earlier_run_is_not_reported_as_recorded(tmp_path, capfd, monkeypatch):
+    """A command that records nothing over an existing OUT: nothing recorded (exit 3), the
+    old file as it was."""
+    path = tmp_path / "run.safetensors"
+    code, _, err = run_kda(["record", "run", str(path), *PATCHES, "--", sys.executable, SCRIPT, "1"], capfd,
+                           monkeypatch)
+    assert code == 0, err
+    before = path.read_bytes()
+    code, out, err = run_kda(["record", "run", str(path), *PATCHES, "--", sys.executable, "-c", "pass"], capfd,
+                             monkeypatch)
+    assert code == 3 and "wrote" not in out + err, out + err
+    assert err.strip().splitlines()[-1] == "Error: nothing was recorded: was tests.documented_surface, kernels imported?"
+    assert path.read_bytes() == before
 
 
 def test_calls_during_a_capture_are_forwarded_whole_and_counted(tmp_path, capsys, monkeypatch):

@@ -48,7 +48,7 @@ def load_impl(spec: str) -> ModuleType | SurfaceImpl:
         module = importlib.import_module("kernels")
     elif spec == "reference":
         module = importlib.import_module("kernels.reference")
-    elif spec.endswith(".py") or "/" in spec or "\\" in spec:
+    elif names_a_file(spec):
         module = _load_file(Path(spec))
     else:
         try:
@@ -71,6 +71,11 @@ def load_impl(spec: str) -> ModuleType | SurfaceImpl:
         if not hasattr(module, name):
             setattr(module, name, getattr(buffers, name))
     return module
+
+
+def names_a_file(spec: str) -> bool:
+    """Whether ``spec`` names a ``.py`` file rather than a module."""
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
 
 
 def _load_file(path: Path) -> ModuleType:

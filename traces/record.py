@@ -38,7 +38,7 @@ import os
 import sys
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -315,10 +315,11 @@ def api(impl: str = "kernels"):
     return _process_recorder
 
 
-def options_from_env() -> dict[str, Any]:
+def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Recorder options from ``KDA_RECORD_OPS`` (comma-separated), ``KDA_RECORD_MAX_EVENTS``,
-    ``KDA_RECORD_MAX_MB`` and ``KDA_RECORD_SNAPSHOT``; raises ``RecordError`` on a bad value."""
-    env = os.environ
+    ``KDA_RECORD_MAX_MB`` and ``KDA_RECORD_SNAPSHOT`` of ``env`` (default: this process's
+    environment); raises ``RecordError`` on a value that is not a number."""
+    env = os.environ if env is None else env
     options: dict[str, Any] = {}
     if env.get("KDA_RECORD_OPS"):
         options["ops"] = [op.strip() for op in env["KDA_RECORD_OPS"].split(",") if op.strip()]

@@ -31,6 +31,19 @@ from traces.validate import dtype_name
 SNAPSHOTS = ("touched", "all")
 
 
+def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | None = None,
+                  max_events: int | None = None, max_bytes: int | None = None) -> None:
+    """Raise ``RecordError`` for a recorder option out of range (``EventRecorder``'s options)."""
+    if snapshot not in SNAPSHOTS:
+        raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
+    unknown = [op for op in ops or () if op not in OPS]
+    if unknown:
+        raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(OPS)}")
+    for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
+        if cap is not None and cap < 1:
+            raise RecordError(f"{name} must be positive, got {cap}")
+
+
 def shards_dir(path: str | os.PathLike) -> Path:
     """Where the shards of trace ``path`` are spilled: ``<path>.shards``."""
     p = Path(path)
@@ -49,14 +62,7 @@ class EventRecorder:
     def __init__(self, path: str | os.PathLike, impl: str | ModuleType = "kernels", *, snapshot: str = "touched",
                  ops: tuple[str, ...] | list[str] | None = None, max_events: int | None = None,
                  max_bytes: int | None = None):
-        if snapshot not in SNAPSHOTS:
-            raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
-        unknown = [op for op in ops or () if op not in OPS]
-        if unknown:
-            raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(OPS)}")
-        for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
-            if cap is not None and cap < 1:
-                raise RecordError(f"{name} must be positive, got {cap}")
+        check_options(snapshot, ops, max_events, max_bytes)
         if isinstance(impl, str):
             from traces.impl import ImplError, load_impl
 
@@ -236,4 +242,4 @@ def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
     return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
 
 
-__all__ = ["SNAPSHOTS", "EventRecorder", "shards_dir"]
+__all__ = ["SNAPSHOTS", "EventRecorder", "check_options", "shards_dir"]

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from traces.record import ENV_PATH, MergeResult, RecordError, merge_shards, shards_dir
+from traces.impl import names_a_file
+from traces.record import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
+from traces.record_events import check_options
 
 
 class RecordRunError(Exception):
@@ -66,7 +68,9 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
     """Run ``command`` recording into ``out`` (``options``: those of ``child_env``); the
     child's stdout goes to stderr with ``output_to_stderr``. Raises ``RecordError`` before
     running (bad options, leftover shards, a command that cannot start) and
-    ``RecordRunError`` when the shards it left cannot be merged or what it left is no trace."""
+    ``RecordRunError`` when the shards it left cannot be merged or what it left is no trace.
+    The recorder's options are checked before the command starts, as its recorder will check
+    them (an ``impl`` module name only there: the command may import from elsewhere)."""
     out = Path(out)
     if not command:
         raise RecordError("no command to run: kda record run OUT -- COMMAND [ARGS]")
@@ -77,7 +81,12 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
                           "first set of buffers it uses")
     if shards_dir(out).exists():
         raise RecordError(f"{shards_dir(out)} exists: merge it (kda record merge) or remove it first")
+    impl = options.get("impl")
+    if impl is not None and names_a_file(impl) and not Path(impl).is_file():
+        raise RecordError(f"--impl {impl}: no such file")
     env, interpreter = child_env(out, **options)
+    check_options(**options_from_env(env))  # as the child's recorder will, once the program has started
+    before = _identity(out)
     code = _run(list(command), env, output_to_stderr)
     if shards_dir(out).exists():  # the program died before the recorder could merge
         try:
@@ -85,7 +94,7 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         except RecordError as exc:
             raise RecordRunError(f"the command exited with status {code}; {exc}") from None
         return RecordedRun(result, code, True, interpreter)
-    if not out.exists():
+    if _identity(out) in (None, before):  # nothing written, or only the file that was there before
         return RecordedRun(None, code, False, interpreter)
     from traces.io import read_trace
     from traces.schema import TraceError
@@ -96,6 +105,16 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
     except TraceError as exc:
         raise RecordRunError(f"the command exited with status {code} and left {out}, not a trace: {exc}") from None
     return RecordedRun(MergeResult(out, events, None, 0), code, False, interpreter)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """A file's inode, modification time and size (None when there is none): a trace
+    written by the command, even over an older one, has another."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def _run(command: list[str], env: dict[str, str], output_to_stderr: bool) -> int:

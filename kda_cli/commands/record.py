@@ -80,6 +80,9 @@ def run(
     command's Triton kernels run through the interpreter.
     """
     check_format(format)
+    for option, value in (("--max-events", max_events), ("--max-mb", max_mb)):
+        if value is not None and value <= 0:
+            raise CommandError(f"{option} {value:g}: must be positive", EXIT_BAD_INPUT)
     output_file(out, "OUT")
     from traces.patch import parse_names
     from traces.record import RecordError, shards_dir
