@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -199,3 +200,21 @@ def test_renumbering_and_dropping_a_request_leave_the_other_rows_alone(recorded,
             qsl, slots = before.inputs["query_start_loc"].tolist(), before.inputs["state_indices"].tolist()
             kept = [t for b, s in enumerate(slots) if s != 2 for t in range(qsl[b], qsl[b + 1])]
             torch.testing.assert_close(after.expected["out"], before.expected["out"][:, kept], rtol=0, atol=1e-6)
+
+
+def test_a_triton_error_is_the_call_that_raised(recorded, tmp_path, capsys, monkeypatch):
+    """Triton's errors (``TritonError``) are not ``RuntimeError``s: the replay still names the
+    event that raised, and repro shrinks the trace to that call."""
+    impl = str(BROKEN / "commit_out_of_resources.py")
+    code, out, err = run_kda(["replay", str(recorded["deferred"]), "--impl", impl, "--no-progress"], capsys,
+                             monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 3 and out == "" and len(lines) == 1, err
+    assert re.fullmatch(r"Error: \S+ failed at event \d+ \(commit\): OutOfResources: out of resource: shared memory.*",
+                        lines[0]), lines[0]
+    code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", str(tmp_path / "bundle"), "--impl", impl,
+                              "--format", "json"], capsys, monkeypatch)
+    assert code == 1, err
+    summary = json.loads(out)
+    assert summary["shrunk"]["op"] == "commit" and summary["shrunk"]["kind"] == "raised OutOfResources"
+    assert summary["shrunk_events"] == 1 and summary["fresh_process_exit"] == 3
