@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -161,6 +162,27 @@ def test_compare_ratios_and_geometric_mean(tmp_path):
     assert [(c["name"], c["ratio"]) for c in comparison.rows] == [("verify", 0.5), ("commit", 0.8)]
     assert comparison.geomean == pytest.approx(math.sqrt(0.5 * 0.8))
     assert comparison.unmatched == 2  # plan has no base time, defer no base row
+
+
+def test_a_plot_stopped_while_it_is_written_leaves_no_file(tmp_path, monkeypatch):
+    """``--plot`` writes whole or not at all: a Ctrl-C inside ``savefig`` (matplotlib faked
+    here, half a file written) leaves the old plot as it was and no temporary file."""
+    def savefig(path, **_):
+        Path(path).write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    fig = mock.MagicMock(savefig=savefig)
+    pyplot = mock.MagicMock(subplots=lambda **_: (fig, mock.MagicMock()))
+    monkeypatch.setitem(sys.modules, "matplotlib", mock.MagicMock(pyplot=pyplot))
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    run = bench.load_run(_synthetic(tmp_path / "run.json", {("verify", 8): 10.0}))
+    run.workload.update(preset="k3-tp8", state_dtype="float32")
+    run.timing["mode"] = "graph"
+    plot = tmp_path / "bw.png"
+    plot.write_bytes(b"old plot")
+    with pytest.raises(KeyboardInterrupt):
+        bench.plot_run(run, str(plot))
+    assert plot.read_bytes() == b"old plot" and sorted(p.name for p in tmp_path.iterdir()) == ["bw.png", "run.json"]
 
 
 def test_load_run_rejects_other_files(tmp_path):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traces.determinism import DeterminismReport
-from traces.io import umask
+from traces.files import umask
 from traces.provenance import environment
 from traces.shrink import Divergence, ShrinkResult, Signature, failure_kind, parse_failure
 

@@ -2,9 +2,8 @@
 
 ``read_trace(path)`` opens a trace lazily (``safe_open``) and validates it in full before
 returning; tensors are then loaded one at a time with ``Trace.tensor``. ``write_trace``
-validates too, and writes atomically (``save_atomic``, which the recorder's shards use as
-well: a temporary file in the same folder, given the normal mode 0666 & ~umask, then a
-rename). ``TraceBuilder`` names the tensors of a trace being recorded or synthesised.
+validates too, and writes whole or not at all (``save_atomic``, which the recorder's shards
+use as well: ``traces.files.written_whole``). ``TraceBuilder`` names the tensors of a trace being recorded or synthesised.
 
 Integrity: the writer stores a second metadata entry, ``checksums`` (CRC-32 of the manifest
 text and of every tensor's bytes). The reader refuses any other metadata entry, checks the
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Mapping
@@ -27,6 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from traces.files import written_whole
 from traces.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError, strict_json
 from traces.signals import interrupts_held
 from traces.validate import DictSource, TensorMeta, validate_trace
@@ -189,34 +188,11 @@ def write_trace(path: str | os.PathLike, manifest: Manifest, tensors: Mapping[st
     save_atomic(p, data, file_metadata(manifest.to_json(), data))
 
 
-def umask() -> int:
-    """The process's umask, read without changing it where the OS allows."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def save_atomic(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str]) -> int:
-    """Write a safetensors file atomically: a temporary file in ``path``'s folder, renamed
-    over ``path``. The file gets the mode a new file normally gets (0666 & ~umask), not the
-    0600 of temporary files. Returns its size in bytes."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    """Write a safetensors file whole or not at all (``written_whole``); returns its size in bytes."""
+    with written_whole(path) as tmp:
         save_file(dict(tensors), tmp, metadata=metadata)
-        os.chmod(tmp, 0o666 & ~umask())
-        size = os.stat(tmp).st_size
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        size = tmp.stat().st_size
     return size
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from traces.files import written_whole
 
 SCHEMA = "kda-bench/1"
 SMOKE_LABEL = "interpreter smoke run: timings are not measurements"
@@ -78,15 +80,9 @@ def impl_ratios(run: BenchRun) -> dict[tuple, float]:
 def save_run(run: BenchRun, path: str) -> None:
     """Write ``run`` as JSON to ``path`` whole or not at all: into a file beside it, then renamed
     over it, so that an interrupted save leaves no half-written file."""
-    partial = f"{path}.partial-{os.getpid()}"
-    try:
-        with open(partial, "w") as f:
-            json.dump(run.to_dict(), f, indent=1)
-            f.write("\n")
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+    with written_whole(path) as partial, open(partial, "w") as f:
+        json.dump(run.to_dict(), f, indent=1)
+        f.write("\n")
 
 
 def load_run(path: str) -> BenchRun:
@@ -161,5 +157,6 @@ def plot_run(run: BenchRun, path: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with written_whole(path) as partial:
+        fig.savefig(partial, dpi=120, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
