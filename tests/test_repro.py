@@ -218,3 +218,16 @@ def test_a_triton_error_is_the_call_that_raised(recorded, tmp_path, capsys, monk
     summary = json.loads(out)
     assert summary["shrunk"]["op"] == "commit" and summary["shrunk"]["kind"] == "raised OutOfResources"
     assert summary["shrunk_events"] == 1 and summary["fresh_process_exit"] == 3
+
+
+@pytest.mark.parametrize("command", ["slice", "repro"])
+def test_an_oracle_that_cannot_be_loaded_is_named_as_the_oracle(recorded, tmp_path, capsys, monkeypatch, command):
+    trace = str(recorded["deferred"])
+    args = {"slice": ["slice", trace, "--events", "1:2", "--out", str(tmp_path / "cut.safetensors")],
+            "repro": ["repro", trace, "--out", str(tmp_path / "bundle"), "--impl",
+                      str(BROKEN / "flush_keeps_pending.py")]}[command]
+    code, out, err = run_kda([*args, "--oracle", "no_such_oracle"], capsys, monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("Error: --oracle no_such_oracle: cannot import it"), lines[0]
+    assert list(tmp_path.iterdir()) == []

@@ -35,35 +35,36 @@ class ImplError(ValueError):
 BUFFER_API = ("KDARecoverSSMRecords", "CommitPlan", "allocate_records", "NULL_BLOCK_ID")
 
 
-def load_impl(spec: str) -> ModuleType | SurfaceImpl:
+def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl:
     """Import the implementation named by ``spec`` and return its module, or a
     ``SurfaceImpl`` over it when it has the documented surface but not the five functions.
 
     The result exposes the five ``API`` functions and the ``BUFFER_API`` names (filled in
     from ``kernels.buffers`` where the module does not define them). Raises ``ImplError``
-    when it cannot be imported or has neither. Import the kernels only after the device is
-    chosen (``TRITON_INTERPRET`` on a CPU).
+    when it cannot be imported or has neither, its message starting with ``option`` (the
+    command-line option that named it). Import the kernels only after the device is chosen
+    (``TRITON_INTERPRET`` on a CPU).
     """
     if spec == "triton":
         module = importlib.import_module("kernels")
     elif spec == "reference":
         module = importlib.import_module("kernels.reference")
     elif names_a_file(spec):
-        module = _load_file(Path(spec))
+        module = _load_file(Path(spec), option)
     else:
         try:
             module = importlib.import_module(spec)
         except ImportError as exc:
-            raise ImplError(f"--impl {spec}: cannot import it ({exc}); expected triton, reference, "
+            raise ImplError(f"{option} {spec}: cannot import it ({exc}); expected triton, reference, "
                             "a module name or a .py file") from None
         except Exception as exc:
-            raise ImplError(f"--impl {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
+            raise ImplError(f"{option} {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
     missing = [fn for fn in API.values() if not callable(getattr(module, fn, None))]
     if missing and has_surface(module):
         return SurfaceImpl(module, spec)
     if missing:
         lacks = [name for name in SURFACE if not hasattr(module, name)]
-        raise ImplError(f"--impl {spec}: the module lacks {', '.join(missing)} (the five-function API), "
+        raise ImplError(f"{option} {spec}: the module lacks {', '.join(missing)} (the five-function API), "
                         f"or {', '.join(lacks)} (the documented surface)")
     from kernels import buffers
 
@@ -78,18 +79,18 @@ def names_a_file(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or "\\" in spec
 
 
-def _load_file(path: Path) -> ModuleType:
+def _load_file(path: Path, option: str) -> ModuleType:
     if not path.is_file():
-        raise ImplError(f"--impl {path}: no such file")
+        raise ImplError(f"{option} {path}: no such file")
     name = f"kda_impl_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ImplError(f"--impl {path}: cannot be loaded as a Python module")
+        raise ImplError(f"{option} {path}: cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise ImplError(f"--impl {path}: importing it failed: {type(exc).__name__}: {exc}") from None
+        raise ImplError(f"{option} {path}: importing it failed: {type(exc).__name__}: {exc}") from None
     return module

@@ -70,7 +70,7 @@ def reproduce(trace: str | Path, out: str | Path, *, impl: str = "triton", oracl
     """
     trace, out = Path(trace), Path(out)
     say = progress or (lambda _: None)
-    module, reference = load_impl(impl), load_impl(oracle)
+    module, reference = load_impl(impl), load_impl(oracle, "--oracle")
     with read_trace(trace) as opened:
         tape = Tape.load(opened)
     if determinism:

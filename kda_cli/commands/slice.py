@@ -39,7 +39,7 @@ def slice_trace(
 
     try:
         with bad_input():
-            module = load_impl(oracle)
+            module = load_impl(oracle, "--oracle")
             with read_trace(trace) as opened:
                 start, stop = resolve_range(events, len(opened.events))
                 tape = Tape.load(opened)
