@@ -13,7 +13,6 @@ import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
-EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 EXIT_RUNTIME = 3

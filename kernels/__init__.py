@@ -25,10 +25,8 @@ from kernels.plan import (
 )
 from kernels.verify import kda_recoverssm_flush_verify, kda_recoverssm_verify
 
-OPS = ("verify", "plan", "defer", "commit", "flush")
-
 __all__ = [
-    "NULL_BLOCK_ID", "OPS", "CommitPlan", "KDARecoverSSMRecords", "allocate_records",
+    "NULL_BLOCK_ID", "CommitPlan", "KDARecoverSSMRecords", "allocate_records",
     "kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_plan_deferred",
     "kda_recoverssm_commit",
     "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "_defer_commit_kernel", "_prepare_flush_plan_kernel",

@@ -67,11 +67,10 @@ def _cuda_target(index: int) -> Target:
 @dataclass(frozen=True)
 class Key:
     """What a rule reads: ``pairs`` (batch rows x heads) scaled to the tuned GPU's SM count
-    (the same pairs per SM), the window ``T``, the head dims and the target."""
+    (the same pairs per SM), the window ``T``, the value head dim ``V`` and the target."""
 
     pairs: float
     T: int
-    K: int
     V: int
     target: Target
 
@@ -153,9 +152,9 @@ def choose_design(op: str, key: Key) -> str:
     return forced_designs().get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
 
 
-def _key(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int, target: Target) -> Key:
+def _key(batch: int, heads: int, head_v_dim: int, spec_query_len: int, target: Target) -> Key:
     pairs = batch * heads * _TUNED_SM_COUNT / target.sm_count
-    return Key(pairs, spec_query_len, head_k_dim, head_v_dim, target)
+    return Key(pairs, spec_query_len, head_v_dim, target)
 
 
 def fold_depth(block_t: int) -> int:
@@ -201,7 +200,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
                   flush: bool = False, target: Target = H200, design: str | None = None) -> VerifyConfig:
     """The launch of a verify (``flush``: a flushing verify) of ``batch`` rows of ``heads``
     heads; ``design`` overrides the table and ``KDA_DESIGN``."""
-    key = _key(batch, heads, head_k_dim, head_v_dim, spec_query_len, target)
+    key = _key(batch, heads, head_v_dim, spec_query_len, target)
     design = design or choose_design("flush-verify" if flush else "verify", key)
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     window = triton.next_power_of_2(spec_query_len)
@@ -281,7 +280,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
                   target: Target = H200, design: str | None = None) -> CommitConfig:
     """The launch of a commit of ``batch`` rows of ``heads`` heads; ``design`` overrides the
     table and ``KDA_DESIGN``."""
-    key = _key(batch, heads, head_k_dim, head_v_dim, spec_query_len, target)
+    key = _key(batch, heads, head_v_dim, spec_query_len, target)
     design = design or choose_design("commit", key)
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     common = dict(design=design, block_k=block_k, block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),

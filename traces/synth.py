@@ -28,7 +28,7 @@ import torch
 from kernels import reference as ref
 from traces.io import TraceBuilder
 from traces.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Manifest
-from traces.synth_config import KEEP_EXPECTED, MODES, PRESETS, Preset, SynthConfig  # noqa: F401  (re-exported)
+from traces.synth_config import PRESETS, SynthConfig
 from traces.validate import TORCH_DTYPES
 
 @dataclass

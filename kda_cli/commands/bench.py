@@ -108,7 +108,8 @@ def bench(
     ops: Optional[str] = typer.Option(None, "--ops", help="ops and steps to time, comma-separated "
                                       "[all: verify,plan,defer,commit,flush,flush-verify,step-stock,step-deferred]"),
     eager: bool = typer.Option(False, "--eager", help="time eager calls instead of CUDA graph replays"),
-    reps: int = typer.Option(100, "--reps", help="most samples per row (fewer if --row-seconds runs out, never < 10)"),
+    reps: int = typer.Option(100, "--reps", help="most samples per row (fewer if --row-seconds runs out, but at "
+                                                 "least 10, or --reps if fewer)"),
     row_seconds: float = typer.Option(2.0, "--row-seconds", help="time budget per row, in seconds"),
     touch_mb: Optional[int] = typer.Option(None, "--touch-mb",
                                            help="state read per sample in MiB (default 512); sets the number of disjoint sets"),

@@ -62,9 +62,6 @@ class BenchRun:
         return asdict(self)
 
 
-
-
-
 def impl_ratios(run: BenchRun) -> dict[tuple, float]:
     """Each row's median over the first implementation's median for the same (op, B, T, event)."""
     first = run.workload["impls"][0]

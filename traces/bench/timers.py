@@ -105,7 +105,6 @@ def measure_copy_ceiling(device: str, nbytes: int = COPY_CEILING_BYTES, reps: in
     return {"bytes": 2 * nbytes, "median_us": median * 1e6, "gbps": 2 * nbytes / median / 1e9, "count": reps}
 
 
-
 def time_calls(run: Callable[[], None], restore: Callable[[], None], calls: int, timer, config,
                mode: str) -> list[float]:
     """Per-call seconds of each sample of ``run`` (which makes ``calls`` calls); ``restore``
