@@ -6,7 +6,10 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,3 +180,30 @@ def test_a_stop_during_a_tensor_read_comes_after_the_read(tmp_path):
             trace.tensor(name)
         assert reads == [name]
         assert runtime.interrupted().code == 128 + signal.SIGINT
+
+
+@pytest.mark.parametrize("sent, setup, stdout, status", [
+    ("SIGTERM", "pass", "finished\n", -signal.SIGTERM),  # the default action, once the block is done
+    ("SIGTERM", "signal.signal(signal.SIGTERM, signal.SIG_IGN)", "finished\ngone on\n", 0),  # stays ignored
+    ("SIGTERM", "signal.signal(signal.SIGTERM, lambda s, f: print('handled', s))",
+     f"finished\nhandled {int(signal.SIGTERM)}\ngone on\n", 0),  # a handler that returns: the work goes on
+    ("SIGINT", "pass", "finished\nstopped\ngone on\n", 0),  # Python's own handler: KeyboardInterrupt
+])
+def test_a_held_signal_is_taken_as_the_handler_before_would_take_it(sent, setup, stdout, status):
+    """In a library, holding a stop signal changes when it is taken, not how."""
+    script = f"""
+import os, signal, time
+from traces.signals import interrupts_held
+{setup}
+try:
+    with interrupts_held():
+        os.kill(os.getpid(), signal.{sent})
+        time.sleep(0.05)
+        print("finished", flush=True)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+print("gone on", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert (done.stdout, done.returncode) == (stdout, status), done.stderr

@@ -20,15 +20,18 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Within: SIGINT and SIGTERM wait. As the block ends, the first that came goes to the
-    handler in place before it, where that is a Python function (the command line's names the
-    signal), and the work stops (``KeyboardInterrupt``). Only in the main thread, where
-    signal handlers run; elsewhere a no-op."""
+    """Within: SIGINT and SIGTERM wait. As the block ends, the first that came is delivered as
+    if it came then: to the Python handler in place before it (Python's own SIGINT handler,
+    and the command line's for both, raise ``KeyboardInterrupt``), or, where that was the
+    default action, by raising the signal again (SIGTERM then ends the process). A signal
+    ignored before the block is not held. Only in the main thread, where signal handlers
+    run; elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in STOP_SIGNALS}
+    held = [sig for sig in STOP_SIGNALS if callable(signal.getsignal(sig)) or signal.getsignal(sig) == signal.SIG_DFL]
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in held}
     try:
         yield
     finally:
@@ -38,4 +41,5 @@ def interrupts_held() -> Iterator[None]:
         handler = previous[arrived[0]]
         if callable(handler):
             handler(arrived[0], None)
-        raise KeyboardInterrupt
+        else:
+            signal.raise_signal(arrived[0])
