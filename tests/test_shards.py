@@ -141,3 +141,18 @@ def test_a_snapshot_without_its_index_or_contents_is_refused(shards, capsys, mon
     save_shard(path, tensors, meta)
     code, out, err = _merge(shards, capsys, monkeypatch)
     assert "come together" in _one_error_line(code, err)
+
+
+def test_a_lone_event_that_never_returned_and_does_not_validate_is_one_error_line(shards, capsys, monkeypatch):
+    """Only the first event's inputs, no results, and a slot out of range: no trace can be
+    made, which is said in one line (exit 2), not an index error."""
+    for path in shards.iterdir():
+        if path.name != "000000.in.safetensors":
+            path.unlink()
+    meta, tensors = load_shard(shards / "000000.in.safetensors")
+    tensors["in.state_indices"] = torch.full_like(tensors["in.state_indices"], 10**6)
+    save_shard(shards / "000000.in.safetensors", tensors, meta)
+    code, out, err = _merge(shards, capsys, monkeypatch)
+    line = _one_error_line(code, err)
+    assert "no event makes a trace: event 0 never returned and its inputs do not validate" in line, line
+    assert "slot 1000000" in line and not (shards.parent / "merged.safetensors").exists()

@@ -111,12 +111,13 @@ def merge_shards(shards: str | os.PathLike, out: str | os.PathLike,
     folder = Path(shards)
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such shards folder")
-    names = sorted(p.name for p in folder.glob("*.in.safetensors"))
+    shards_in = sum(1 for _ in folder.glob("*.in.safetensors"))
     events: list[tuple[dict, dict, dict | None]] = []
     reason = None
-    for i, name in enumerate(names):
-        if name != f"{i:06d}.in.safetensors":
-            reason = f"{i:06d}.in.safetensors is missing"
+    for i in range(shards_in):  # by index: the names widen past 999999 and would not sort as numbers
+        name = f"{i:06d}.in.safetensors"
+        if not (folder / name).is_file():
+            reason = f"{name} is missing"
             break
         try:
             meta, tensors = load_shard(folder / name)
@@ -136,7 +137,7 @@ def merge_shards(shards: str | os.PathLike, out: str | os.PathLike,
         events.append((meta, tensors, expected))
         if expected is None:
             break
-    dropped = len(names) - len(events)
+    dropped = shards_in - len(events)
     if not events:
         raise RecordError(f"{folder}: no readable shard" + (f" ({reason})" if reason else ""))
     incomplete = len(events) - 1 if events[-1][2] is None else None
@@ -148,6 +149,8 @@ def merge_shards(shards: str | os.PathLike, out: str | os.PathLike,
         reason = f"event {incomplete} never returned and its inputs do not validate ({exc})"
         events.pop()
         incomplete, dropped = None, dropped + 1
+        if not events:
+            raise RecordError(f"{folder}: no event makes a trace: {reason}") from None
         try:
             _assemble(events, extra_provenance).write(out)
         except TraceError as exc2:
