@@ -207,3 +207,54 @@ def test_a_captured_step_runs_as_without_the_recorder_and_eager_steps_are_record
         assert [e.op for e in trace.events] == ["verify", "plan", "commit"]
         assert trace.manifest.provenance["skipped_calls"] == {"captured": 3}
     _replays(path, "triton", capfd, monkeypatch)
+
+
+def _fused_engine(recorder=None):
+    """An engine module with the fused calls but not ``kda_recoverssm_flush`` (its last flush
+    comes from elsewhere), patched for ``recorder``; returns it and the pool its run left."""
+    import types
+
+    import kernels.reference as ref
+    from traces.patch import patch_module
+
+    module = types.ModuleType("fused_engine")
+    for name in ("allocate_records", "CommitPlan", "kda_recoverssm_verify", "kda_recoverssm_flush_verify",
+                 "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_plan_deferred",
+                 "kda_recoverssm_commit"):
+        setattr(module, name, getattr(ref, name))
+    if recorder is not None:
+        patch_module(module, recorder)
+    left = []
+
+    def last_flush(pool, *args):
+        ref.kda_recoverssm_flush(pool, *args)
+        left.append(pool)
+
+    return types.SimpleNamespace(**vars(module), kda_recoverssm_flush=last_flush), left
+
+
+def test_a_fused_call_without_its_parts_ends_the_recording_and_runs(tmp_path):
+    """The fused flush-verify of a module without ``kda_recoverssm_flush`` cannot be recorded
+    as its parts: it runs as it would unrecorded, and the recording ends before it, saying why."""
+    from tests.decode_loop import decode_loop
+    from traces.patch import PatchRecorder
+
+    plain, plain_pool = _fused_engine()
+    decode_loop(plain, "deferred", steps=2, fused=True)
+    recorder = PatchRecorder(tmp_path / "t.safetensors", ["fused_engine"])
+    engine, pool = _fused_engine(recorder)
+    decode_loop(engine, "deferred", steps=2, fused=True)
+    assert torch.equal(pool[0], plain_pool[0])
+    assert recorder.stopped == "kda_recoverssm_flush_verify without kda_recoverssm_flush"
+    assert recorder.events == 0 and recorder.skipped == {"plan": 2, "defer": 2, "commit": 2}
+
+
+def test_a_raw_kernel_on_a_grid_that_is_not_one_program_a_row_ends_the_recording(tmp_path):
+    from traces.patch import PatchRecorder
+
+    recorder = PatchRecorder(tmp_path / "t.safetensors", ["engine"])
+    launched = []
+    recorder.launch_kernel("_defer_commit_kernel", lambda *a, **k: launched.append(True), (4, 2), (),
+                           {"pending_ptr": torch.zeros(4, dtype=torch.int32)})
+    assert launched == [True]
+    assert recorder.stopped == "_defer_commit_kernel launched on a grid other than (rows,)"

@@ -1,6 +1,6 @@
 """Recording a program that was not edited: modules patched in place when they are imported.
 
-``install(recorder, names, layer)`` puts an import hook in front of ``sys.meta_path``; when a
+``install(recorder, names)`` puts an import hook in front of ``sys.meta_path``; when a
 module named in ``names`` is imported (or at once, if it already was), after it has run:
 
 - each kernel API function it has (``FUNCTIONS``) is replaced by one that records the call
@@ -11,9 +11,13 @@ module named in ``names`` is imported (or at once, if it already was), after it 
   commit of that plan and those rows (the commit half of the flush) completes.
 
 A call made while a recorded call runs (a module's verify calling its own helpers) is not
-recorded again. A model has one set of buffers per layer: ``layer`` picks the N-th state pool
-and the N-th pending counts seen (order of first use); calls on other layers run unrecorded
-(``skipped_calls["other_layer"]``) and the provenance says how many layers were seen.
+recorded again. A fused call (``FUSED_PARTS``) is recorded as its two parts, run through the
+module's own; in a module without them, it ends the recording (``stopped_by``) and runs.
+
+A model has one set of buffers per layer: the ``PatchRecorder``'s ``layer`` picks the N-th
+state pool and the N-th pending counts seen (order of first use); calls on other layers run
+unrecorded (``skipped_calls["other_layer"]``) and the provenance says how many layers were
+seen.
 
 In a child process, ``install_from_env`` does this from ``KDA_RECORD`` (the trace),
 ``KDA_RECORD_PATCH`` (comma-separated module names) and ``KDA_RECORD_LAYER``; ``kda record
@@ -44,6 +48,9 @@ BOOT_DIR = Path(__file__).with_name("record_boot")
 
 FUNCTIONS = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
              "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
+FUSED_PARTS = {"kda_recoverssm_flush_verify": ("kda_recoverssm_flush", "kda_recoverssm_verify"),
+               "kda_recoverssm_plan_deferred": ("kda_recoverssm_plan", "kda_recoverssm_defer")}
+"""A fused function -> the two calls it is recorded as, through the module's own."""
 RAW_KERNELS = {
     "_defer_commit_kernel": ("state_indices_ptr", "commit_lens_ptr", "record_rows_ptr", "pending_ptr", "eager_ptr",
                              "null_block_id", "stride_state_indices"),
@@ -104,6 +111,10 @@ class PatchRecorder(Recorder):
         if not self.on_layer(checkpoint_state=bound.get("checkpoint_state"), pending=bound.get("pending")):
             self.skip("other_layer")
             return original(*args, **kwargs)
+        missing = [part for part in FUSED_PARTS.get(name, ()) if not callable(getattr(originals, part, None))]
+        if missing:  # the state it changes unrecorded: the trace ends before it
+            self.stopped = self.stopped or f"{name} without {' and '.join(missing)}"
+            return original(*args, **kwargs)
         if name != "kda_recoverssm_commit":
             self._drop_flush()
         self._depth += 1
@@ -118,19 +129,21 @@ class PatchRecorder(Recorder):
 
     def launch_kernel(self, name: str, launch, grid, args: tuple, kwargs: dict):
         """A patched raw kernel's ``kernel[grid](*args, **kwargs)``: run, and recorded."""
-        if self._depth or not (isinstance(grid, (tuple, list)) and len(grid) == 1):
+        if self._depth:
             return launch(*args, **kwargs)
         if capturing():
             self.skip("captured")
             return launch(*args, **kwargs)
         p = {**dict(zip(RAW_KERNELS[name], args)), **kwargs}
+        if not self.on_layer(pending=p["pending_ptr"]):
+            self.skip("other_layer")
+            return launch(*args, **kwargs)
+        if not (isinstance(grid, (tuple, list)) and len(grid) == 1):  # not one program a row: rows unknown
+            self.stopped = self.stopped or f"{name} launched on a grid other than (rows,)"
+            return launch(*args, **kwargs)
         B = int(grid[0])
         state_indices = torch.as_strided(p["state_indices_ptr"], (B,), (int(p["stride_state_indices"]),),
                                          p["state_indices_ptr"].storage_offset())
-        pending = p["pending_ptr"]
-        if not self.on_layer(pending=pending):
-            self.skip("other_layer")
-            return launch(*args, **kwargs)
         self._drop_flush()
         self._depth += 1
         try:
