@@ -267,14 +267,15 @@ def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)]}
 
 
-def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=None) -> None:
+def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=None, snapshot: str = "touched") -> None:
     """Play ``tape`` (a ``traces.tape.Tape``) through ``api`` under a recorder writing ``path``,
     so that what ``api`` computes becomes the expected results. ``bufs``: the buffers to
-    play on (default: fresh ``initial_buffers``); the recorder binds them up front."""
+    play on (default: fresh ``initial_buffers``); the recorder binds them up front.
+    ``snapshot``: the recorder's (``all`` keeps the initial buffers whole)."""
     from traces.tape import initial_buffers, play
 
     bufs = bufs or initial_buffers(tape, api, device)
-    with Recorder(path, api) as rec:
+    with Recorder(path, api, snapshot=snapshot) as rec:
         rec.bind(bufs.pool, bufs.records, bufs.pending, bufs.plan, bufs.A_log, bufs.dt_bias, tape.lower_bound)
         play(tape, rec, device, bufs=bufs)
 

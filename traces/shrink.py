@@ -29,7 +29,7 @@ from traces.record import record_play
 from traces.replay import ReplayFailure, ReplayReport, replay
 from traces.schema import NULL_ID
 from traces.slice import compact, drop_request, drop_rows, keep_heads, row_spaces, shorten_windows
-from traces.tape import Tape, rebased
+from traces.tape import Tape, initial_buffers, rebased
 
 @dataclass(frozen=True)
 class Signature:
@@ -110,21 +110,28 @@ def _raised(exc: ReplayFailure) -> Divergence:
     return Divergence(index, Signature(op, "-", f"raised {kind}"), None, text)
 
 
-def regenerate(tape: Tape, oracle, path: Path, device: str = "cpu") -> Tape:
+def regenerate(tape: Tape, oracle, path: Path, device: str = "cpu", final: bool = False) -> Tape:
     """``tape`` with ``oracle``'s results as its expected results (recorded to ``path``, which
-    is overwritten, and loaded back). Initial buffers the events never touch become zeros."""
+    is overwritten, and loaded back). Initial buffers the events never touch become zeros;
+    with ``final``, the initial buffers stay whole and the oracle's buffers after the last
+    event become the final buffers (which a replay compares last), in ``path`` too."""
     path.unlink(missing_ok=True)
-    record_play(tape, oracle, path, device)
+    bufs = initial_buffers(tape, oracle, device)
+    record_play(tape, oracle, path, device, bufs, snapshot="all" if final else "touched")
     with read_trace(path) as trace:
         out = Tape.load(trace)
     out.provenance = tape.provenance
+    if final:
+        out.final = {role: t.to("cpu", copy=True) for role, t in bufs.as_roles().items()}
+        out.write(path)
     return out
 
 
 @dataclass
 class ShrinkResult:
-    """The shrunk tape (expected results regenerated), its first divergence, and the
-    original trace's."""
+    """The shrunk tape (expected results regenerated when a candidate was ``kept``, else
+    the original's cut after its first divergence), its first divergence, and the original
+    trace's."""
 
     tape: Tape
     divergence: Divergence
@@ -153,7 +160,7 @@ class _Checker:
         self.checks += 1
         path = self.workdir / f"candidate-{self.checks}.safetensors"
         try:
-            tape = regenerate(candidate, self.oracle, path, self.device)
+            tape = regenerate(candidate, self.oracle, path, self.device, final=self.signature.op == "final")
             found = first_divergence(path, self.impl, self.device, self.tol)
         except Exception:  # the oracle or the trace format rejects the candidate: not kept
             return None
