@@ -11,7 +11,8 @@ candidate can only fail because the implementation disagrees with the oracle on 
 Passes, repeated until none applies: cut after the first divergence; rebase (drop the
 events before it, their effect folded into the initial buffers); drop single events;
 drop requests (every row of one state slot), then single batch rows; keep one head;
-shorten the window. Slots, record rows and plan rows are renumbered to those still named.
+shorten the window. Slots and record rows are renumbered to those still named, and the plan
+is cut to the largest batch that reads it.
 """
 
 from __future__ import annotations
