@@ -90,6 +90,13 @@ def op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[i
     }[name]()
 
 
+def op_folded_tokens(name: str, commit_lens: list[int]) -> int:
+    """Tokens an op or step folds into state with per-row commit lengths ``commit_lens``
+    (also the pending counts): its commit's or flush's; 0 for verify, plan and defer."""
+    if name in STEPS:
+        return sum(op_folded_tokens(op, commit_lens) for op in STEPS[name])
+    return sum(commit_lens) if name in ("commit", "flush", "flush-verify") else 0
+
 
 def event_bytes(op: str, s: Shape, T: int, x: dict, plan: dict, pending: list[int]) -> tuple[int, int]:
     """Contract bytes of one trace event and the tokens it folds into state.

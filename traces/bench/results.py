@@ -18,7 +18,8 @@ SMOKE_LABEL = "interpreter smoke run: timings are not measurements"
 class Row:
     """One timed (implementation, op or step, B, T), or one trace event (``event`` is its
     index). Times are microseconds per call (one set); ``bytes`` is the contract's bytes per
-    call; ``gbps`` and ``copy_fraction`` are None in a smoke run or when the row failed
+    call and ``committed_tokens`` the tokens it folds into state (0 for verify, plan and
+    defer); ``gbps`` and ``copy_fraction`` are None in a smoke run or when the row failed
     (``error`` says why)."""
 
     impl: str

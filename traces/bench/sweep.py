@@ -14,7 +14,7 @@ import torch
 
 from traces.bench import timers
 from traces.bench.config import PRESETS, BenchConfig
-from traces.bench.contract_bytes import Shape, op_bytes
+from traces.bench.contract_bytes import Shape, op_bytes, op_folded_tokens
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
 from traces.bench.workload import STATE_DTYPES, Workload, accepted_counts, choose_sets, set_bytes
@@ -57,7 +57,8 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
                         work, setup_error = None, f"workload set-up failed: {type(exc).__name__}: {exc}"
                     for name in config.ops:
                         nbytes = op_bytes(name, shape, B, T, commit_lens)
-                        row = Row(spec, name, B, T, mode, n_sets, 0, None, None, None, nbytes, sum(commit_lens))
+                        row = Row(spec, name, B, T, mode, n_sets, 0, None, None, None, nbytes,
+                                  op_folded_tokens(name, commit_lens))
                         rows.append(row)
                         if work is None:
                             row.error = setup_error
