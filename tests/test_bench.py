@@ -212,6 +212,14 @@ def test_trace_event_bytes_by_hand():
     # flush: rows 0 and 1 share record row 1 (pending 3, clamped to T=2, consumed once); row 2 is null.
     flush = {"state_indices": [1, 2, 0], "record_rows": [1, 1, 0]}
     assert bench.event_bytes("flush", s, 2, flush, {}, [2, 3, 1]) == (3 * 32 + 2 * 2048 + 2 * 256, 2)
+    # plan of 3 rows: 3 index columns and query_start_loc read, 4 plan columns written (4-byte
+    # entries); align mode also reads num_computed and two block-table entries a row
+    rows = {"state_indices": [1, 2, 0]}
+    assert bench.event_bytes("plan", s, 2, rows, {}, []) == (4 * 10 + 4 * 12, 0)
+    assert bench.event_bytes("plan", s, 2, {**rows, "block_table": [[1], [2], [0]]}, {}, []) == (4 * 10 + 4 * 9 + 4 * 12, 0)
+    # defer: 5 int32 a row; eager flags a byte each
+    assert bench.event_bytes("defer", s, 2, rows, {}, []) == (60, 0)
+    assert bench.event_bytes("defer", s, 2, {**rows, "eager": [True, False, False]}, {}, []) == (63, 0)
 
 
 def test_interpreter_smoke_trace_times_every_event(tmp_path, device):

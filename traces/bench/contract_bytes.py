@@ -52,14 +52,16 @@ def commit_bytes(s: Shape, commit_lens: list[int]) -> int:
     return len(folding) * 2 * s.slot_bytes + sum(folding) * s.record_token_bytes
 
 
-def plan_bytes(batch: int) -> int:
-    """num_accepted, query_start_loc [B+1], state_indices read; four int32 plan columns written."""
-    return 4 * (3 * batch + 1) + 4 * 4 * batch
+def plan_bytes(batch: int, align: bool = False) -> int:
+    """num_accepted, query_start_loc [B+1], state_indices read (``align``: also num_computed
+    and two block-table entries a row); four int32 plan columns written."""
+    return 4 * (3 * batch + 1) + (4 * 3 * batch if align else 0) + 4 * 4 * batch
 
 
-def defer_bytes(batch: int) -> int:
-    """Per row: slot, record row and commit length read; pending and commit length written."""
-    return 5 * 4 * batch
+def defer_bytes(batch: int, eager: bool = False) -> int:
+    """Per row: slot, record row and commit length read (``eager``: and a one-byte flag);
+    pending and commit length written."""
+    return 5 * 4 * batch + (batch if eager else 0)
 
 
 def flush_bytes(s: Shape, pending: list[int]) -> int:
@@ -115,9 +117,9 @@ def event_bytes(op: str, s: Shape, T: int, x: dict, plan: dict, pending: list[in
         record_tokens = sum(lens[b] for b in range(B) if slots[b] > 0 and rec[b] >= 0)
         return verify_bytes(s, real, qsl[-1], record_tokens), 0
     if op == "plan":
-        return plan_bytes(B), 0
+        return plan_bytes(B, align="block_table" in x), 0
     if op == "defer":
-        return defer_bytes(B), 0
+        return defer_bytes(B, eager="eager" in x), 0
     if op == "commit":
         rec = x.get("record_indices") or list(range(B))
         total = folded = 0

@@ -60,7 +60,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
     act, state = getattr(torch, m.activation_dtype), getattr(torch, m.state_dtype)
     shape = Shape(m.dims.H, m.dims.K, m.dims.V, act.itemsize, state.itemsize)
     impls, cuda, mode, calls, timer, ceiling = start_run(config, device, progress)
-    index_roles = ("query_start_loc", "state_indices", "record_indices", "record_rows")
+    index_roles = ("query_start_loc", "state_indices", "record_indices", "record_rows", "block_table", "eager")
     rows: list[Row] = []
     try:
         for spec, impl in impls.items():
