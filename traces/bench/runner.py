@@ -17,13 +17,13 @@ def start_run(config: BenchConfig, device: str, progress: Callable[[str], None])
     impls = {spec: load_impl(spec) for spec in config.impls}
     cuda = device.startswith("cuda")
     mode = "smoke" if config.smoke else config.mode
-    calls = "graph" if mode == "graph" and cuda else "eager"
+    call_mode = "graph" if mode == "graph" and cuda else "eager"
     timer = CudaTimer(device) if cuda else WallTimer()
     ceiling = None
     if cuda and not config.smoke:
         progress("measuring the device-to-device copy ceiling")
         ceiling = measure_copy_ceiling(device)
-    return impls, cuda, mode, calls, timer, ceiling
+    return impls, cuda, mode, call_mode, timer, ceiling
 
 
 def impl_routes(impls: dict) -> dict[str, dict[str, str]]:

@@ -36,7 +36,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
     state_dtype = STATE_DTYPES[config.state_dtype]
     act = getattr(torch, preset.activation_dtype)
     shape = Shape(preset.heads, preset.head_k_dim, preset.head_v_dim, act.itemsize, state_dtype.itemsize)
-    impls, cuda, mode, calls, timer, ceiling = start_run(config, device, progress)
+    impls, cuda, mode, call_mode, timer, ceiling = start_run(config, device, progress)
 
     rows: list[Row] = []
     try:
@@ -66,7 +66,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
                         progress(f"{spec} {name} B={B} T={T} ({n_sets} sets)")
                         try:
                             times = timers.time_calls(lambda: work.run(name), lambda: work.restore(name), n_sets,
-                                                      timer, config, calls)
+                                                      timer, config, call_mode)
                             if not work.finite():
                                 raise RuntimeError("non-finite values in outputs, records or state")
                         except Exception as exc:  # a failed row is reported, never timed wrongly

@@ -59,7 +59,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
     m = trace.manifest
     act, state = getattr(torch, m.activation_dtype), getattr(torch, m.state_dtype)
     shape = Shape(m.dims.H, m.dims.K, m.dims.V, act.itemsize, state.itemsize)
-    impls, cuda, mode, calls, timer, ceiling = start_run(config, device, progress)
+    impls, cuda, mode, call_mode, timer, ceiling = start_run(config, device, progress)
     index_roles = ("query_start_loc", "state_indices", "record_indices", "record_rows", "block_table", "eager")
     rows: list[Row] = []
     try:
@@ -85,7 +85,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
                 try:
                     x = {role: t.to(device) for role, t in trace.tensors(event.inputs).items()}
                     call = st.call(event.op, x, event.attrs)
-                    times = timers.time_calls(call, lambda: st.restore(snap), 1, timer, config, calls)
+                    times = timers.time_calls(call, lambda: st.restore(snap), 1, timer, config, call_mode)
                     timers.fill_times(row, times, ceiling)
                     st.restore(snap)
                     call()
