@@ -19,12 +19,13 @@ LINE_SECONDS = 5.0
 
 
 def make_console(stderr: bool = False, pipe_width: int | None = None):
-    """A rich console on stdout (or stderr) that honours ``NO_COLOR`` and never highlights;
+    """A rich console on stdout (or stderr) that honours ``NO_COLOR``, never highlights and
+    never turns ``:name:`` into an emoji (``--events a:b:`` and file names print as given);
     when it writes to a file or a pipe, ``pipe_width`` columns unless ``COLUMNS`` is set."""
     from rich.console import Console
 
     out = Console(file=sys.stderr if stderr else sys.stdout, no_color=bool(os.environ.get("NO_COLOR")),
-                  highlight=False, soft_wrap=True)
+                  highlight=False, emoji=False, soft_wrap=True)
     if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = pipe_width
     return out

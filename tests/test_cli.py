@@ -93,6 +93,7 @@ def _one_error(err: str) -> str:
     (["synth", "x.safetensors", "--preset", "huge"], "--preset huge: expected one of"),
     (["replay", "--events", "30:10"], "--events 30:10: the range is empty (A must be less than B)"),
     (["slice", "t.safetensors", "--events", "x", "--out", "u.safetensors"], "--events x: expected A:B"),
+    (["replay", "--events", "a:b"], "--events a:b: expected A:B"),  # printed as given, no emoji
     (["repro", "t.safetensors", "--out", "b", "--determinism", "1"], "--determinism 1"),
 ])
 def test_argument_errors_come_before_torch_is_imported(args, needle, tmp_path):
