@@ -4,6 +4,8 @@ import."""
 
 from __future__ import annotations
 
+import math
+
 import os
 from pathlib import Path
 from typing import Iterable, Optional
@@ -37,8 +39,8 @@ def parse_tolerances(atol: Iterable[str], rtol: Iterable[str]) -> dict:
                 x = float(number)
             except ValueError:
                 raise CommandError(f"--{option} {value}: expected DTYPE=NUMBER or NUMBER", EXIT_BAD_INPUT) from None
-            if not x >= 0:
-                raise CommandError(f"--{option} {value}: must be >= 0", EXIT_BAD_INPUT)
+            if not 0 <= x < math.inf:
+                raise CommandError(f"--{option} {value}: must be a finite number >= 0", EXIT_BAD_INPUT)
             for d in dtypes:
                 old = table[d]
                 table[d] = Tolerance(x, old.rtol) if option == "atol" else Tolerance(old.atol, x)

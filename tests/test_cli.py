@@ -94,6 +94,9 @@ def _one_error(err: str) -> str:
     (["replay", "--events", "30:10"], "--events 30:10: the range is empty (A must be less than B)"),
     (["slice", "t.safetensors", "--events", "x", "--out", "u.safetensors"], "--events x: expected A:B"),
     (["replay", "--events", "a:b"], "--events a:b: expected A:B"),  # printed as given, no emoji
+    (["replay", "--rtol", "inf"], "--rtol inf: must be a finite number >= 0"),  # inf * 0 would fail exact zeros
+    (["synth", "x.safetensors", "--seed", "-1"], "--seed -1: expected an integer >= 0"),
+    (["bench", "--row-seconds", "nan"], "--row-seconds nan: expected a positive, finite number of seconds"),
     (["repro", "t.safetensors", "--out", "b", "--determinism", "1"], "--determinism 1"),
 ])
 def test_argument_errors_come_before_torch_is_imported(args, needle, tmp_path):

@@ -98,8 +98,11 @@ def test_layer_picks_the_nth_set_of_buffers_and_the_env_variable_patches(tmp_pat
     (["--layer", "1"], "--layer needs --patch"),
     (["--snapshot", "some", *PATCHES], "snapshot 'some': expected one of touched, all"),
     (["--ops", "verify,fold"], "ops: fold not among verify, plan, defer, commit, flush"),
-    (["--max-events", "0"], "--max-events 0: must be positive"),
-    (["--max-mb", "-1", *PATCHES], "--max-mb -1: must be positive"),
+    (["--max-events", "0"], "--max-events 0: must be a positive number"),
+    (["--max-mb", "-1", *PATCHES], "--max-mb -1: must be a positive number"),
+    (["--max-mb", "nan"], "--max-mb nan: must be a positive number"),
+    (["--max-mb", "inf"], "--max-mb inf: must be a positive number"),
+    (["--max-mb", "1e-9"], "--max-mb 1e-09: less than one byte"),
     (["--impl", "missing/engine.py"], "--impl missing/engine.py: no such file"),
 ])
 def test_bad_record_run_options_are_refused_before_the_command_runs(tmp_path, args, message, capfd, monkeypatch):

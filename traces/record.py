@@ -330,7 +330,7 @@ def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         if env.get(var):
             try:
                 options[key] = int(float(env[var]) * scale)
-            except ValueError:
+            except (ValueError, OverflowError):  # not a number, or infinite
                 raise RecordError(f"{var}={env[var]}: expected a number") from None
     return options
 

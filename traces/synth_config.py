@@ -57,7 +57,9 @@ class SynthConfig:
         if self.keep_expected not in KEEP_EXPECTED:
             raise ValueError(f"--expected {self.keep_expected}: expected one of {', '.join(KEEP_EXPECTED)}")
         if self.requests < 1 or self.max_batch < 1 or self.max_decode_steps < 1:
-            raise ValueError("--requests, --max-batch and decode steps must be positive")
+            raise ValueError("--requests, --max-batch and --decode-steps must be positive")
+        if self.seed < 0:
+            raise ValueError(f"--seed {self.seed}: expected an integer >= 0")
         if self.steps is not None and self.steps < 1:
             raise ValueError("--steps must be positive")
         if not 0.0 <= self.acceptance <= 1.0:

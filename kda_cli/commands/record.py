@@ -3,6 +3,7 @@ parsing and rendering only (engine: ``traces.record``)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -81,8 +82,10 @@ def run(
     """
     check_format(format)
     for option, value in (("--max-events", max_events), ("--max-mb", max_mb)):
-        if value is not None and value <= 0:
-            raise CommandError(f"{option} {value:g}: must be positive", EXIT_BAD_INPUT)
+        if value is not None and not 0 < value < math.inf:
+            raise CommandError(f"{option} {value:g}: must be a positive number", EXIT_BAD_INPUT)
+    if max_mb is not None and max_mb * 2**20 < 1:
+        raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
     output_file(out, "OUT")
     from traces.patch import parse_names
     from traces.record import RecordError, shards_dir

@@ -3,6 +3,8 @@ bad option is refused before any heavy import."""
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
@@ -73,5 +75,9 @@ class BenchConfig:
                 raise ValueError(f"every {name} must be a positive integer, got {', '.join(map(str, values))}")
         if not self.impls or len(set(self.impls)) != len(self.impls):
             raise ValueError(f"implementations must be given once each, got {', '.join(self.impls)}")
-        if self.reps < 1 or self.row_seconds <= 0 or self.touch_bytes < 1:
-            raise ValueError("reps, row seconds and touch bytes must be positive")
+        if self.reps < 1:
+            raise ValueError(f"--reps {self.reps}: expected a positive integer")
+        if not 0 < self.row_seconds < math.inf:
+            raise ValueError(f"--row-seconds {self.row_seconds}: expected a positive, finite number of seconds")
+        if self.touch_bytes < 1:
+            raise ValueError(f"--touch-mb {self.touch_bytes / 2**20:g}: expected a positive number of MiB")
