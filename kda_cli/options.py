@@ -134,11 +134,14 @@ def output_file(path: Path, option: str, *, inputs: Iterable[Path] = ()) -> None
 
 def output_folder(path: Path, option: str) -> None:
     """Refuse, before any work, a folder that could not be written whole: one that exists
-    and is not empty (or not a folder), or whose parent is missing or not writable."""
+    and is not empty (or not a folder), the current folder (it would be replaced under the
+    shell), or one whose parent is missing or not writable."""
     path = Path(path)
     if path.exists():
         if not path.is_dir():
             raise CommandError(f"{option} {path}: exists and is not a folder", EXIT_BAD_INPUT)
         if any(path.iterdir()):
             raise CommandError(f"{option} {path}: is not an empty folder", EXIT_BAD_INPUT)
+        if path.resolve() == Path.cwd().resolve():
+            raise CommandError(f"{option} {path}: is the current folder; name a new or empty one", EXIT_BAD_INPUT)
     _writable_folder(path.resolve().parent, option, path)

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import unicodedata
+from contextlib import AbstractContextManager, nullcontext, redirect_stdout
 from typing import Any, Callable
 
 LINE_SECONDS = 5.0
@@ -29,6 +30,12 @@ def make_console(stderr: bool = False, pipe_width: int | None = None):
     if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = pipe_width
     return out
+
+
+def implementation_prints(format: str) -> AbstractContextManager:
+    """Where an implementation's own ``print`` goes while it loads and runs: stderr when
+    stdout carries the JSON report, so that stdout stays one JSON document."""
+    return redirect_stdout(sys.stderr) if format == "json" else nullcontext()
 
 
 def printable(text: str) -> str:

@@ -238,6 +238,12 @@ def test_interpreter_smoke_trace_times_every_event(tmp_path, device):
     assert run.workload["trace"] == str(path) and run.label == bench.SMOKE_LABEL
 
 
+def test_a_missing_trace_is_bad_input_before_the_gpu_is_asked_for():
+    result = kda("bench", "--trace", "nope.safetensors", CUDA_VISIBLE_DEVICES="")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["Error: --trace nope.safetensors: no such file"]
+
+
 def test_trace_refuses_preset_options():
     result = kda("bench", "--trace", "x.safetensors", "--batch", "8", "--accept", "random", CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 2

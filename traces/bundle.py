@@ -1,8 +1,9 @@
 """The bug-report bundle ``kda repro`` writes, and its check in a fresh process.
 
 A bundle is a folder with ``trace.safetensors`` (the shrunk trace), ``repro.sh`` (one
-command: replay it through the same implementation), the implementation's ``.py`` file
-when it was given as one, and ``report.md`` (environment, command, first divergence with
+command: replay it through the same implementation, under the ``SETTINGS`` the run had),
+the implementation's ``.py`` file under ``impl/`` when it was given as one (or is a
+module of the current folder), and ``report.md`` (environment, command, first divergence with
 its metrics, what shrinking did, the fresh-process check, determinism). It is assembled
 in a temporary folder beside the destination and renamed into place only once the
 fresh-process replay has shown the same first divergence, so a failed run leaves nothing.
@@ -27,6 +28,11 @@ from traces.provenance import environment
 from traces.shrink import Divergence, ShrinkResult, Signature, failure_kind, parse_failure
 
 TRACE_NAME = "trace.safetensors"
+IMPL_DIR = "impl"
+"""Where the bundle keeps the implementation's ``.py`` file."""
+SETTINGS = ("KDA_DESIGN", "KDA_DEPENDENT_LAUNCH")
+"""Environment variables that change which kernels run and how: ``repro.sh`` sets those
+that were set (not ``TRITON_INTERPRET``: the replay chooses it from the machine)."""
 
 
 class BundleError(Exception):
@@ -38,6 +44,27 @@ class Recheck:
     command: list[str]
     returncode: int
     signature: Signature | None
+    error: str = ""
+    """The replay's last ``Error:`` line, if it printed one."""
+
+
+def _impl_file(impl: str) -> Path | None:
+    """The ``.py`` file to put in the bundle: ``impl`` when it names one, or the file of a
+    top-level module that imports only from the current folder (which the bundle is not)."""
+    if impl.endswith(".py") and Path(impl).is_file():
+        return Path(impl)
+    if "/" in impl or "." in impl or impl in ("triton", "reference"):
+        return None
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(impl)
+    except (ImportError, ValueError):
+        return None
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    if origin is None or origin.suffix != ".py" or spec.submodule_search_locations is not None:
+        return None
+    return origin if origin.parent.resolve() == Path.cwd().resolve() else None
 
 
 def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
@@ -60,20 +87,24 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
                            "signature": result.divergence.signature.to_json()}
         tape.write(tmp / TRACE_NAME)
         impl_arg = impl
-        if impl.endswith(".py") and Path(impl).is_file():
-            shutil.copyfile(impl, tmp / Path(impl).name)
-            impl_arg = f"./{Path(impl).name}"
+        impl_file = _impl_file(impl)
+        if impl_file is not None:  # in a folder of its own: a kernels.py must not hide kda's kernels
+            (tmp / IMPL_DIR).mkdir()
+            shutil.copyfile(impl_file, tmp / IMPL_DIR / impl_file.name)
+            impl_arg = f"{IMPL_DIR}/{impl_file.name}"
         command = [sys.executable, "-m", "kda_cli", "replay", TRACE_NAME, "--impl", impl_arg, "--stop-at-first",
                    *replay_args]
-        (tmp / "repro.sh").write_text(_script(command, str(result.divergence.signature)))
+        settings = {name: os.environ[name] for name in SETTINGS if name in os.environ}
+        (tmp / "repro.sh").write_text(_script(command, str(result.divergence.signature), settings))
         (tmp / "repro.sh").chmod(0o755)
         recheck = _recheck(tmp, ["sh", "repro.sh", "--format", "json", "--no-progress"], timeout)
         if recheck.signature != result.divergence.signature:
+            found = recheck.signature or ("a pass" if recheck.returncode == 0 else "no divergence")
+            said = f": {recheck.error}" if recheck.error else ""
             raise BundleError(f"the shrunk trace does not fail the same way in a fresh process: expected "
-                              f"{result.divergence.signature}, got {recheck.signature or 'a pass'} "
-                              f"(exit {recheck.returncode})")
+                              f"{result.divergence.signature}, got {found} (exit {recheck.returncode}{said})")
         (tmp / "report.md").write_text(_report(result, source, impl, command, recheck, original_events,
-                                               determinism))
+                                               determinism, settings))
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -87,14 +118,16 @@ NO_KDA_EXIT = 4
 """``repro.sh``'s exit status when its Python cannot import kda (0, 1, 2, 3 are replay's)."""
 
 
-def _script(command: list[str], signature: str) -> str:
+def _script(command: list[str], signature: str, settings: dict[str, str]) -> str:
     """``repro.sh``: the replay, run by the Python that wrote the bundle (``KDA_PYTHON`` picks
-    another); one line and exit ``NO_KDA_EXIT`` when that Python cannot import kda."""
+    another) under the ``settings`` it ran with; one line and exit ``NO_KDA_EXIT`` when that
+    Python cannot import kda."""
     python, args = command[0], shlex.join(command[1:])
     return (
         "#!/bin/sh\n"
         f"# kda repro bundle: {signature} (exit 0 would mean it is fixed; {NO_KDA_EXIT}: kda not importable)\n"
-        f"PYTHON=${{KDA_PYTHON:-{shlex.quote(python)}}}\n"
+        + "".join(f"export {name}={shlex.quote(value)}\n" for name, value in settings.items())
+        + f"PYTHON=${{KDA_PYTHON:-{shlex.quote(python)}}}\n"
         'cd "$(dirname "$0")" || exit 2\n'
         'if ! "$PYTHON" -c "import kda_cli" 2>/dev/null; then\n'
         '  echo "repro.sh: $PYTHON cannot import kda; set KDA_PYTHON to a Python that has it" >&2\n'
@@ -116,14 +149,17 @@ def _recheck(folder: Path, command: list[str], timeout: float) -> Recheck:
         # "Error: IMPL failed at event I (OP): TYPE: message"
         _, op, kind = parse_failure("event " + done.stderr.split(" failed at event ", 1)[1])
         signature = Signature(op, "-", f"raised {kind}")
-    return Recheck(command, done.returncode, signature)
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("Error: ", "repro.sh: "))]
+    return Recheck(command, done.returncode, signature, errors[-1] if errors else "")
 
 
 def _json_signature(stdout: str) -> Signature | None:
-    """The signature of the first failing tensor in ``kda replay --format json`` output."""
+    """The signature of the first failing tensor in ``kda replay --format json`` output (its
+    last line: an implementation may print before it)."""
+    lines = stdout.strip().splitlines()
     try:
-        report = json.loads(stdout)
-    except ValueError:
+        report = json.loads(lines[-1])
+    except (ValueError, IndexError):
         return None
     failing = [(e["op"], t) for e in report["events"] for t in e["tensors"] if not t["passed"]]
     failing += [("final", t) for t in report["final"] if not t["passed"]]
@@ -135,7 +171,8 @@ def _json_signature(stdout: str) -> Signature | None:
 
 
 def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
-            recheck: Recheck, original_events: int, determinism: DeterminismReport | None) -> str:
+            recheck: Recheck, original_events: int, determinism: DeterminismReport | None,
+            settings: dict[str, str]) -> str:
     d = result.divergence
     tape = result.tape
     lines = [
@@ -149,7 +186,9 @@ def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
         "",
         f"    kda {shlex.join(sys.argv[1:])}",
         "",
-        f"Trace `{source}` replayed through `{impl}`; in the bundle: `{shlex.join(command)}`.",
+        f"Trace `{source}` replayed through `{impl}`; in the bundle: `{shlex.join(command)}`"
+        + (f", under {', '.join(f'`{k}={v}`' for k, v in settings.items())} (set by `repro.sh`)." if settings
+           else "."),
         "",
         "## First divergence",
         "",

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from kda_cli.options import check_format, output_file, parse_ints, parse_names
-from kda_cli.output import emit, make_console, note, plural
+from kda_cli.output import emit, implementation_prints, make_console, note, plural
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input
 
 NO_GPU = "kda bench needs a CUDA GPU; none found (use --interpreter-smoke for a CPU smoke run)"
@@ -163,6 +163,9 @@ def bench(
         except ValueError as exc:
             raise CommandError(f"--compare: {exc}", EXIT_BAD_INPUT) from None
 
+    if trace is not None and not Path(trace).is_file():
+        what = "is a folder, not a trace file" if Path(trace).is_dir() else "no such file"
+        raise CommandError(f"--trace {trace}: {what}", EXIT_BAD_INPUT)
     if interpreter_smoke:
         from kda_cli.runtime import select_device
 
@@ -175,7 +178,8 @@ def bench(
             raise CommandError(NO_GPU, EXIT_RUNTIME)
         device = "cuda"
 
-    with bad_input():  # Ctrl-C and SIGTERM stop the engine, which keeps the rows finished
+    # Ctrl-C and SIGTERM stop the engine, which keeps the rows finished
+    with bad_input(), implementation_prints(format):
         if trace is not None:
             from traces.io import read_trace
 

@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from kda_cli.options import check_format, parse_range, parse_tolerances, resolve_range
-from kda_cli.output import Progress, emit, make_console, plural, printable
+from kda_cli.output import Progress, emit, implementation_prints, make_console, plural, printable
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 
 SAMPLE = "k3-tp8-sample.safetensors"
@@ -60,11 +60,13 @@ def replay(
             path = trace
         opened = stack.enter_context(read_trace(path))
         span = resolve_range(events, len(opened.events))
-        module = load_impl(impl)
+        with implementation_prints(format):
+            module = load_impl(impl)
         bar = stack.enter_context(Progress("replay", span[1], enabled=progress))
         try:
-            report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
-                                events=span, stop_at_first=stop_at_first, progress=bar.update)
+            with implementation_prints(format):
+                report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
+                                    events=span, stop_at_first=stop_at_first, progress=bar.update)
         except ReplayFailure as exc:
             raise CommandError(f"{impl} failed at {exc}", EXIT_RUNTIME) from None
         except ReplayInterrupted as stop:

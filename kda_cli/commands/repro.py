@@ -11,7 +11,7 @@ from typing import List
 import typer
 
 from kda_cli.options import check_format, output_folder, parse_tolerances
-from kda_cli.output import emit, note, plural
+from kda_cli.output import emit, implementation_prints, note, plural
 from kda_cli.runtime import (
     EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device,
 )
@@ -36,9 +36,10 @@ def repro(
     The trace is cut at its first divergence and shrunk while it fails the same way; the
     small trace is checked in a fresh process (through repro.sh) before the bundle is written.
 
-    Exit codes: 1 bundle written, 0 the replay passes (nothing written), 2 bad input or
-    usage, 3 runtime failure (also: the small trace does not fail the same way in a fresh
-    process), 130/143 stopped by Ctrl-C/SIGTERM (nothing written).
+    Exit codes: 1 bundle written, 0 the replay passes (nothing written; 1 when --determinism
+    found runs that differ), 2 bad input or usage, 3 runtime failure (also: the small trace
+    does not fail the same way in a fresh process), 130/143 stopped by Ctrl-C/SIGTERM
+    (nothing written).
     """
     check_format(format)
     if determinism == 1 or determinism < 0:
@@ -55,7 +56,7 @@ def repro(
     from traces.repro import reproduce
 
     try:
-        with bad_input():
+        with bad_input(), implementation_prints(format):
             found = reproduce(trace, out, impl=impl, oracle=oracle, device=device, tolerances=tolerances,
                               replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
                               determinism=determinism, max_checks=max_checks,
