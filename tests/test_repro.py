@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -293,3 +294,16 @@ def test_the_current_folder_is_not_a_bundle_folder(recorded, tmp_path, capsys, m
                               str(BROKEN / "flush_keeps_pending.py")], capsys, monkeypatch)
     assert code == 2 and err.strip().splitlines() == ["Error: --out .: is the current folder; name a new or empty one"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_module_of_the_current_folder_goes_into_the_bundle(recorded, tmp_path, capsys, monkeypatch):
+    """``--impl cwd_engine`` imports from the current folder, which the bundle's fresh
+    process does not run in: its file is copied in."""
+    shutil.copyfile(BROKEN / "flush_keeps_pending.py", tmp_path / "cwd_engine.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", "bundle", "--impl", "cwd_engine"],
+                             capsys, monkeypatch)
+    assert code == 1, err
+    assert (tmp_path / "bundle" / "impl" / "cwd_engine.py").is_file()
+    assert "--impl impl/cwd_engine.py" in (tmp_path / "bundle" / "repro.sh").read_text()
