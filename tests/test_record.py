@@ -127,6 +127,12 @@ def test_byte_cap_and_a_call_that_raises(tmp_path, capsys, monkeypatch, device):
     with read_trace(path) as trace:
         assert 1 <= len(trace.events) < len(DEFERRED_OPS)
         assert trace.manifest.provenance["stopped_by"] == "max_bytes"
+    path = tmp_path / "one.safetensors"  # the event that crosses the cap is recorded whole, the others counted
+    with record_trace(path, "reference", max_bytes=1) as api:
+        decode_loop(api, "deferred", steps=3)
+    with read_trace(path) as trace:
+        assert [e.op for e in trace.events] == DEFERRED_OPS[:1] and trace.events[0].expected
+        assert sum(trace.manifest.provenance["skipped_calls"].values()) == len(DEFERRED_OPS) - 1
 
     path = tmp_path / "raised.safetensors"
     with record_trace(path, "reference") as api:

@@ -104,7 +104,7 @@ class EventRecorder:
         """Bind new buffers, snapshot first-seen regions, write the inputs shard.
         ``lower_bound`` is ``(value,)`` for ops that take one."""
         undo = (set(self._seen_slots), set(self._seen_rows), set(self._seen_whole), dict(self._bound),
-                self._lower_bound, self.stopped)
+                self._lower_bound, self.stopped, self.bytes, self._max_batch)
         tensors: dict[str, torch.Tensor] = {}
         for role, t in inputs.items():
             if t is not None:
@@ -112,32 +112,28 @@ class EventRecorder:
         self._max_batch = max(self._max_batch, inputs["state_indices"].shape[0])
         tensors.update(self._snapshots(slots, rows, bind, lower_bound))
         index = self.events
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if self.max_bytes is not None and self.bytes + size > self.max_bytes:
-            self.stopped = "max_bytes"
-            return _Event(index, op, None, undo)
         meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
         self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
         self.events += 1
         if self.max_events is not None and self.events >= self.max_events:
             self.stopped = "max_events"
+        elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
+            self.stopped = "max_bytes"
         return _Event(index, op, tensors, undo)
 
     def _call(self, event: "_Event", run):
         try:
             return run()
         except BaseException:
-            if event.tensors is not None:  # the call raised: it is not an event of the trace
-                (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
-                self.events -= 1
-                (self._seen_slots, self._seen_rows, self._seen_whole, self._bound, self._lower_bound,
-                 self.stopped) = event.undo
-                self.skipped["raised"] = self.skipped.get("raised", 0) + 1
+            # the call raised: it is not an event of the trace
+            (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
+            self.events -= 1
+            (self._seen_slots, self._seen_rows, self._seen_whole, self._bound, self._lower_bound,
+             self.stopped, self.bytes, self._max_batch) = event.undo
+            self.skipped["raised"] = self.skipped.get("raised", 0) + 1
             raise
 
     def _end(self, event: "_Event", expected: dict[str, torch.Tensor]) -> None:
-        if event.tensors is None:
-            return
         tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
         self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
 
@@ -228,7 +224,7 @@ _WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
 class _Event:
     index: int
     op: str
-    tensors: dict[str, torch.Tensor] | None  # None: not recorded (a cap was reached)
+    tensors: dict[str, torch.Tensor]
     undo: tuple  # what was seen and bound before it, restored when the call raises
 
 
