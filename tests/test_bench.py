@@ -194,6 +194,10 @@ def test_load_run_rejects_other_files(tmp_path):
         bench.load_run(str(other))
     with pytest.raises(ValueError, match="cannot read"):
         bench.load_run(str(tmp_path / "missing.json"))
+    binary = tmp_path / "run.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    with pytest.raises(ValueError, match=r"run\.png is not JSON \(not UTF-8 text\)"):
+        bench.load_run(str(binary))
 
 
 def test_trace_event_bytes_by_hand():

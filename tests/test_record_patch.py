@@ -98,6 +98,7 @@ def test_layer_picks_the_nth_set_of_buffers_and_the_env_variable_patches(tmp_pat
     (["--layer", "1"], "--layer needs --patch"),
     (["--snapshot", "some", *PATCHES], "snapshot 'some': expected one of touched, all"),
     (["--ops", "verify,fold"], "ops: fold not among verify, plan, defer, commit, flush"),
+    (["--ops", ""], "--ops '': name at least one op"),  # would have recorded every op
     (["--max-events", "0"], "--max-events 0: must be a positive number"),
     (["--max-mb", "-1", *PATCHES], "--max-mb -1: must be a positive number"),
     (["--max-mb", "nan"], "--max-mb nan: must be a positive number"),

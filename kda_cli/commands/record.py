@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, output_file
+from kda_cli.options import check_format, output_file, parse_names
 from kda_cli.output import emit, plural, printable
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, interrupted
 
@@ -84,14 +84,15 @@ def run(
     for option, value in (("--max-events", max_events), ("--max-mb", max_mb)):
         if value is not None and not 0 < value < math.inf:
             raise CommandError(f"{option} {value:g}: must be a positive number", EXIT_BAD_INPUT)
+    if ops is not None and not parse_names([ops]):
+        raise CommandError(f"--ops {ops!r}: name at least one op", EXIT_BAD_INPUT)
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
     output_file(out, "OUT")
-    from traces.patch import parse_names
     from traces.record import RecordError, shards_dir
     from traces.record_run import RecordRunError, record_command
 
-    patches = [name for value in patch for name in parse_names(value)]
+    patches = list(parse_names(patch))
     try:
         run = record_command(out, list(ctx.args), output_to_stderr=format == "json", impl=impl, ops=ops,
                              max_events=max_events, max_mb=max_mb, snapshot=snapshot, patches=patches, layer=layer)

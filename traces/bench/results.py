@@ -92,6 +92,8 @@ def load_run(path: str) -> BenchRun:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not JSON: {exc}") from exc
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not JSON (not UTF-8 text)") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ValueError(f"{path} is not a kda bench result (expected schema {SCHEMA!r})")
     try:
