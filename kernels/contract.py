@@ -156,15 +156,24 @@ def check_same_device(named: list[tuple[str, torch.Tensor]]) -> None:
         _require(t.device == device, name, f"on {t.device}, expected {device} like {named[0][0]}")
 
 
+PLAN_COLUMNS = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")
+
+
+def plan_columns(plan: CommitPlan) -> list[tuple[str, torch.Tensor]]:
+    """The plan's four columns, named as errors name them."""
+    return [(f"plan.{name}", getattr(plan, name)) for name in PLAN_COLUMNS]
+
+
 def check_plan(plan, batch: int) -> None:
+    """Four contiguous int32 columns of at least ``batch`` rows each, no two overlapping."""
     _require(isinstance(plan, CommitPlan), "plan", "expected a CommitPlan")
-    _require(plan.max_batch >= batch, "plan", f"holds {plan.max_batch} rows, the batch has {batch}")
-    names = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")
-    for name in names:
-        _check_index(f"plan.{name}", getattr(plan, name), None, allow_strided=False)
-    starts = {getattr(plan, name).data_ptr() for name in names if getattr(plan, name).numel()}
-    _require(len(starts) == sum(1 for name in names if getattr(plan, name).numel()), "plan",
-             "its four tensors must not share memory")
+    columns = plan_columns(plan)
+    for name, t in columns:
+        _check_index(name, t, None, allow_strided=False)
+        _require(t.shape[0] >= batch, name, f"holds {t.shape[0]} rows, the batch has {batch}")
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for _, t in columns if t.numel())
+    _require(all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), "plan",
+             "its four tensors must not overlap in memory")
 
 
 def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, plan, record_indices) -> tuple[int, int, int, int]:
@@ -182,7 +191,7 @@ def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, 
         _require(batch <= records.num_rows, "records", f"{batch} rows need {batch} record rows, records hold {records.num_rows}")
     named = [("checkpoint_state", checkpoint_state), ("records.correction", records.correction),
              ("records.key_gate", records.key_gate), ("A_log", A_log), ("dt_bias", dt_bias),
-             ("state_indices", state_indices), ("plan.commit_lens", plan.commit_lens)]
+             ("state_indices", state_indices), *plan_columns(plan)]
     if record_indices is not None:
         named.append(("record_indices", record_indices))
     check_same_device(named)
@@ -200,7 +209,7 @@ def check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_que
              f"expected a positive int, got {spec_query_len!r}")
     check_plan(plan, batch)
     named = [("state_indices", state_indices), ("num_accepted", num_accepted),
-             ("query_start_loc", query_start_loc), ("plan.commit_lens", plan.commit_lens)]
+             ("query_start_loc", query_start_loc), *plan_columns(plan)]
     align = (block_table is not None, num_computed is not None, block_size is not None)
     _require(all(align) or not any(align), "block_table",
              "align mode needs block_table, num_computed and block_size together")
@@ -218,15 +227,19 @@ def check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_que
     return batch
 
 
-def check_pending_args(state_indices, record_rows, pending, plan, eager=None) -> int:
-    """Check the deferred-commit arguments; return B."""
+def check_pending_args(state_indices, record_rows, pending, plan, eager=None, records=None) -> int:
+    """Check the deferred-commit arguments (with ``records``, also that ``pending`` holds a
+    count for each of its rows); return B."""
     _check_index("state_indices", state_indices, None, allow_strided=True)
     batch = state_indices.shape[0]
     _check_index("record_rows", record_rows, batch, allow_strided=False)
     _check_index("pending", pending, None, allow_strided=False)
+    if records is not None:
+        _require(pending.shape[0] >= records.num_rows, "pending",
+                 f"holds {pending.shape[0]} counts, records hold {records.num_rows} rows")
     check_plan(plan, batch)
     named = [("state_indices", state_indices), ("record_rows", record_rows), ("pending", pending),
-             ("plan.commit_lens", plan.commit_lens)]
+             *plan_columns(plan)]
     if eager is not None:
         _require(isinstance(eager, torch.Tensor) and eager.dim() == 1 and eager.shape[0] == batch
                  and eager.dtype in (torch.bool, torch.int8, torch.uint8, torch.int32), "eager",

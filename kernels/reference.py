@@ -205,6 +205,9 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
                          state_indices, record_rows, pending, plan: CommitPlan) -> None:
     """Fold every pending replay into its slot in place and consume its count (docs/design.md §7)."""
+    # both halves' arguments before the flush plan consumes a count
+    check_pending_args(state_indices, record_rows, pending, plan, records=records)
+    check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, plan, record_rows)
     _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)
@@ -214,7 +217,7 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
                                 records: KDARecoverSSMRecords, query_start_loc, state_indices, spec_query_len,
                                 record_rows, pending, plan: CommitPlan, out=None):
     """``kda_recoverssm_flush``, then ``kda_recoverssm_verify`` with ``record_indices=record_rows``."""
-    check_pending_args(state_indices, record_rows, pending, plan)
+    check_pending_args(state_indices, record_rows, pending, plan, records=records)
     check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records, query_start_loc,
                       state_indices, spec_query_len, out, record_rows)
     kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows, pending,

@@ -86,7 +86,7 @@ def kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_
     pending records into its tile, stores it in place and runs the window from it (for the
     fewest pairs, ``flush-apart``: the flush's fold, then verify, which consumes the counts).
     ``plan`` receives the flush plan; every pending count is consumed once."""
-    check_pending_args(state_indices, record_rows, pending, plan)
+    check_pending_args(state_indices, record_rows, pending, plan, records=records)
     d = check_verify_args(q, k, v, raw_g, raw_beta, A_log, dt_bias, checkpoint_state, records,
                           query_start_loc, state_indices, spec_query_len, out, record_rows)
     if out is None:

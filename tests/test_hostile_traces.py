@@ -8,6 +8,7 @@ from the file reaches the terminal.
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
 import types
@@ -17,7 +18,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import kernels
 import kernels.reference as ref
+from kernels import CommitPlan
 from tests.trace_helpers import INT32_MAX, load_raw, make_trace, record_align_trace, run_kda
 from traces.io import CHECKSUM_KEY, file_metadata
 from traces.schema import BUFFERS, INPUTS, PARAMS, BufferSizes, Dims, Event, Manifest, TraceError
@@ -314,15 +317,59 @@ def test_replay_escapes_a_tensor_name_in_its_mismatch_report(mixed, tmp_path, ca
 
 @pytest.mark.gpu
 def test_a_plan_whose_tensors_share_memory_is_a_value_error(device):
-    from kernels import CommitPlan, kda_recoverssm_commit, kda_recoverssm_plan
+    from kernels import kda_recoverssm_commit, kda_recoverssm_plan
 
     one = torch.ones(1, dtype=torch.int32, device=device)
     column = torch.zeros(2, dtype=torch.int32, device=device)
     shared = CommitPlan(column, column.clone(), column.clone(), column)  # recovery counts over the commit lengths
-    with pytest.raises(ValueError, match="plan: its four tensors must not share memory"):
+    with pytest.raises(ValueError, match="plan: its four tensors must not overlap in memory"):
         kda_recoverssm_plan(shared, one, torch.tensor([0, 1], dtype=torch.int32, device=device), one, 4)
+    buffer = torch.zeros(5, dtype=torch.int32, device=device)  # each column one row into the next
+    overlapping = CommitPlan(buffer[0:2], buffer[1:3], buffer[2:4], buffer[3:5])
     pool = torch.zeros(2, 1, 16, 16, device=device)
     records = ref.allocate_records(2, 1, 4, 16, 16, torch.float32, device)
-    with pytest.raises(ValueError, match="share memory"):
-        kda_recoverssm_commit(pool, records, torch.zeros(1, device=device), torch.zeros(16, device=device), None, one,
-                              shared)
+    for plan in (shared, overlapping):
+        with pytest.raises(ValueError, match="overlap in memory"):
+            kda_recoverssm_commit(pool, records, torch.zeros(1, device=device), torch.zeros(16, device=device), None,
+                                  one, plan)
+
+
+def _flush_buffers(device, **change):
+    """A two-row flush (slots 1, 2, record rows 0, 1, counts 2 and 3), with ``change``d arguments."""
+    args = dict(checkpoint_state=torch.zeros(3, 1, 16, 16, device=device),
+                records=ref.allocate_records(2, 1, 4, 16, 16, torch.float32, device),
+                A_log=torch.zeros(1, device=device), dt_bias=torch.zeros(16, device=device), lower_bound=None,
+                state_indices=torch.tensor([1, 2], dtype=torch.int32, device=device),
+                record_rows=torch.tensor([0, 1], dtype=torch.int32, device=device),
+                pending=torch.tensor([2, 3], dtype=torch.int32, device=device),
+                plan=CommitPlan.allocate(2, device))
+    return {**args, **change}
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("change, message", [
+    ("short column", "plan.final_state_indices: holds 1 rows, the batch has 2"),
+    ("short pending", "pending: holds 1 counts, records hold 2 rows"),
+    ("strided pool", "checkpoint_state: expected a contiguous tensor"),
+])
+def test_a_flush_refuses_bad_buffers_before_it_consumes_a_count(device, impl, change, message):
+    """Buffers whose shapes would send a kernel past them (a plan column or the pending
+    counts shorter than the rows they serve) or that the commit half refuses: a
+    ``ValueError`` before any launch, the counts and the plan as they were."""
+    from kernels import reference
+
+    api = kernels if impl == "triton" else reference
+    plan = CommitPlan.allocate(2, device)
+    pending = torch.tensor([2, 3], dtype=torch.int32, device=device)
+    if change == "short column":
+        plan = CommitPlan(plan.commit_lens, plan.final_state_indices[:1], plan.boundary_state_indices,
+                          plan.boundary_recovery_lens)
+    args = _flush_buffers(device, plan=plan, pending=pending)
+    if change == "short pending":
+        args["pending"] = pending[:1]
+    if change == "strided pool":
+        args["checkpoint_state"] = torch.zeros(3, 1, 16, 32, device=device)[..., :16]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        api.kda_recoverssm_flush(**args)
+    assert pending.tolist() == [2, 3] and not plan.commit_lens.any()
+

@@ -645,7 +645,7 @@ def test_commit_and_plan_reject_bad_arguments(device):
     p = make_problem(device, H=1, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32,
                      lower_bound=-5.0, seed=4)
     small = CommitPlan.allocate(1, device)
-    with pytest.raises(ValueError, match="plan: holds 1 rows"):
+    with pytest.raises(ValueError, match="plan.commit_lens: holds 1 rows"):
         kernels.kda_recoverssm_commit(p.state, p.records, p.A_log, p.dt_bias, -5.0, p.state_indices, small)
     plan = CommitPlan.allocate(p.batch, device)
     with pytest.raises(ValueError, match="num_accepted: expected int32"):
