@@ -173,16 +173,18 @@ def state_matches(actual: torch.Tensor, expected: torch.Tensor, rounds: int = 1)
 def check_verify(p: Problem, state, records, state64, records64, rounds: int = 1) -> None:
     """Run verify through both implementations and compare everything it writes."""
     before_state = state.clone()
-    before_kg = records.key_gate.clone()
+    before_records = records.correction.clone(), records.key_gate.clone()
     out = p.verify(kernels, state, records)
     out64 = p.verify(ref, state64, records64, acts_dtype=torch.float64)
     assert same_bits(state, before_state), "verify wrote the checkpoint"
-    check_window_results(p, out, out64, records, records64, before_kg, rounds)
+    check_window_results(p, out, out64, records, records64, before_records, rounds)
 
 
-def check_window_results(p: Problem, out, out64, records, records64, before_kg, rounds: int) -> None:
+def check_window_results(p: Problem, out, out64, records, records64, before_records, rounds: int) -> None:
     """Outputs and records of one window against the reference's; key/gate records must be
-    bit copies of the inputs, and nothing may be written outside the row windows."""
+    bit copies of the inputs, and nothing may be written outside the row windows: the
+    corrections there keep their bits (``before_records``: correction and key/gate before)."""
+    before_corr, before_kg = before_records
     written = ~torch.isnan(out64)
     assert torch.equal(~torch.isnan(out), written), "outputs written outside the row windows"
     state_rounded = rounds > 1 and p.state.dtype == torch.bfloat16
@@ -190,6 +192,8 @@ def check_window_results(p: Problem, out, out64, records, records64, before_kg, 
 
     corr_written = ~torch.isnan(records64.correction)
     assert torch.equal(~torch.isnan(records.correction), corr_written)
+    assert same_bits(records.correction[~corr_written], before_corr[~corr_written]), \
+        "a correction outside the row windows changed"
     assert rel_rmse(records.correction[corr_written], records64.correction[corr_written]) <= (
         1e-2 if state_rounded else FP32_RMSE)
 
@@ -221,10 +225,13 @@ def check_states(p: Problem, state, state64, before, rounds: int) -> None:
 
 
 def random_accepted(p: Problem, gen: random.Random) -> torch.Tensor:
-    """Every accept length 0..T on the full-window rows, random ones (some out of range) elsewhere."""
-    values = list(range(p.T + 1)) + [gen.randint(-2, p.T + 3) for _ in range(p.batch - p.T - 1)]
-    gen.shuffle(values)
-    return torch.tensor(values, dtype=torch.int32, device=p.state.device)
+    """Every accept length 0..T on the full-window rows 0..T of ``standard_rows`` (row 0 takes
+    T, so that it always has something to fold; the others 0..T-1 in a random order), random
+    ones (some out of range) on the other rows."""
+    full = list(range(p.T))
+    gen.shuffle(full)
+    others = [gen.randint(-2, p.T + 3) for _ in range(p.batch - p.T - 1)]
+    return torch.tensor([p.T, *full, *others], dtype=torch.int32, device=p.state.device)
 
 
 @pytest.mark.parametrize("designs", STOCK_DESIGNS, ids=["-".join(d) for d in STOCK_DESIGNS])
@@ -318,8 +325,7 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
         check_states(p, state, state64, before, rounds)
 
         check_verify(p, state, records, state64, records64)
-        accepted = random_accepted(p, gen)
-        accepted[0] = T  # row 0 (a full window, never eager) always has something to defer
+        accepted = random_accepted(p, gen)  # row 0 (a full window, never eager) defers T
         plan_both(p, plan, plan64, accepted)
         kernels.kda_recoverssm_defer(plan, p.state_indices, rows, pending, eager)
         ref.kda_recoverssm_defer(plan64, p.state_indices, rows, pending64, eager)
@@ -393,7 +399,7 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
             for recs in (records, records64):
                 recs.correction[rows[empty_row]] = recs.correction[rows[0]]
                 recs.key_gate[rows[empty_row]] = recs.key_gate[rows[0]]
-        before, before_kg = state.clone(), records.key_gate.clone()
+        before, before_records = state.clone(), (records.correction.clone(), records.key_gate.clone())
         folded += int(pending[rows].clamp(min=0).sum())
         acts = p.activations()
         out = kernels.kda_recoverssm_flush_verify(
@@ -407,10 +413,9 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
         for field in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
             assert torch.equal(getattr(plan, field)[:p.batch], getattr(plan64, field)[:p.batch]), field
         check_states(p, state, state64, before, rounds)
-        check_window_results(p, out, out64, records, records64, before_kg, rounds)
+        check_window_results(p, out, out64, records, records64, before_records, rounds)
 
-        accepted = random_accepted(p, gen)
-        accepted[0] = T  # row 0 (a full window) always has something to defer
+        accepted = random_accepted(p, gen)  # row 0 (a full window) defers T
         plan_both(p, plan, plan64, accepted)
         kernels.kda_recoverssm_defer(plan, p.state_indices, rows, pending)
         ref.kda_recoverssm_defer(plan64, p.state_indices, rows, pending64)
