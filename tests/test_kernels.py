@@ -358,18 +358,21 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
 
 
 FLUSHING_CASES = [
-    pytest.param(design, dtype, 4, id=f"{design}-{name}")
+    pytest.param(design, dtype, 4, -5.0, id=f"{design}-{name}")
     for design in kernels.launch.DESIGNS["flush-verify"]
     for dtype, name in ((torch.float32, "fp32-state"), (torch.bfloat16, "bf16-state"))
     if design != "flush-apart" or dtype == torch.float32  # apart: two tested kernels in turn
+] + [  # K3's window, and gates without a lower bound (the unfactored window)
+    pytest.param(design, torch.float32, 8, None, id=f"{design}-T8-no-lower-bound")
+    for design in ("flush-apart", "token-loop-at-once", "two-kernels")
 ] + [  # a long window token by token: the 2-row tiles of the fewest pairs (compiled)
-    pytest.param("token-loop-token-by-token", torch.float32, 8, id="token-loop-token-by-token-T8",
+    pytest.param("token-loop-token-by-token", torch.float32, 8, -5.0, id="token-loop-token-by-token-T8",
                  marks=pytest.mark.gpu_only)]
 
 
-@pytest.mark.parametrize("design, state_dtype, T", FLUSHING_CASES)
+@pytest.mark.parametrize("design, state_dtype, T, lower_bound", FLUSHING_CASES)
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, monkeypatch):
+def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, lower_bound, monkeypatch):
     """The fused flush and verify against the reference's flush, then verify: three deferred
     steps (flush-verify, plan, defer), every accept length, null and padding rows, a row
     whose pending records are folded although it has no tokens, NaN in every slot and
@@ -387,7 +390,7 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
     seed = fresh_seed()
     gen = random.Random(seed)
     p = make_problem(device, H=2, K=64, V=32, T=T, act=torch.bfloat16, state_dtype=state_dtype,
-                     lower_bound=-5.0, seed=seed)
+                     lower_bound=lower_bound, seed=seed)
     rows = p.record_rows()
     state, records = p.state, p.records
     state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
