@@ -126,7 +126,8 @@ def check_state_pool(checkpoint_state, heads: int | None, kdim: int | None, vdim
     name = "checkpoint_state"
     _require(isinstance(checkpoint_state, torch.Tensor), name, "expected a tensor")
     _require(checkpoint_state.dim() == 4, name, f"expected shape [N, H, V, K], got {tuple(checkpoint_state.shape)}")
-    _require(checkpoint_state.dtype in STATE_DTYPES, name, f"expected float32 or bfloat16, got {checkpoint_state.dtype}")
+    _require(checkpoint_state.dtype in STATE_DTYPES, name,
+             f"expected float32 or bfloat16 (float64 for the reference), got {checkpoint_state.dtype}")
     _require(checkpoint_state.is_contiguous(), name, "expected a contiguous tensor")
     n, h, vd, kd = checkpoint_state.shape
     expected = (h if heads is None else heads, vd if vdim is None else vdim, kd if kdim is None else kdim)
@@ -140,12 +141,15 @@ def check_records(records, heads: int, T: int, kdim: int, vdim: int, act: torch.
     corr, kg = records.correction, records.key_gate
     _require(corr.dim() == 4 and tuple(corr.shape[1:]) == (heads, T, vdim), "records.correction",
              f"expected [R, {heads}, {T}, {vdim}], got {tuple(corr.shape)}")
-    _require(corr.dtype in (torch.float32, torch.float64), "records.correction", f"expected float32, got {corr.dtype}")
+    _require(corr.dtype in (torch.float32, torch.float64), "records.correction",
+             f"expected float32 (float64 for the reference), got {corr.dtype}")
     _require(corr.is_contiguous(), "records.correction", "expected a contiguous tensor")
     _require(kg.dim() == 4 and tuple(kg.shape) == (corr.shape[0], heads, T, 2 * kdim), "records.key_gate",
              f"expected [{corr.shape[0]}, {heads}, {T}, {2 * kdim}], got {tuple(kg.shape)}")
     if act is not None:
         _require(kg.dtype == act, "records.key_gate", f"expected {act} like k, got {kg.dtype}")
+    else:
+        _require(kg.dtype in ACTIVATION_DTYPES, "records.key_gate", f"unsupported activation dtype {kg.dtype}")
     _require(kg.is_contiguous(), "records.key_gate", "expected a contiguous tensor")
     return corr.shape[0]
 

@@ -16,7 +16,7 @@ import kernels
 import kernels.launch
 import kernels.plan
 import kernels.reference as ref
-from kernels.buffers import CommitPlan
+from kernels.buffers import CommitPlan, KDARecoverSSMRecords
 from kernels.capability import is_hopper_or_later
 from kernels.commit import fold_pending
 import kernels.dependent_launch as dependent_launch_module
@@ -656,6 +656,9 @@ def test_commit_and_plan_reject_bad_arguments(device):
     with pytest.raises(ValueError, match="plan.commit_lens: holds 1 rows"):
         kernels.kda_recoverssm_commit(p.state, p.records, p.A_log, p.dt_bias, -5.0, p.state_indices, small)
     plan = CommitPlan.allocate(p.batch, device)
+    integer_kg = KDARecoverSSMRecords(p.records.correction, p.records.key_gate.to(torch.int16))
+    with pytest.raises(ValueError, match="records.key_gate: unsupported activation dtype torch.int16"):
+        kernels.kda_recoverssm_commit(p.state, integer_kg, p.A_log, p.dt_bias, -5.0, p.state_indices, plan)
     with pytest.raises(ValueError, match="num_accepted: expected int32"):
         kernels.kda_recoverssm_plan(plan, torch.zeros(p.batch, device=device), p.query_start_loc,
                                     p.state_indices, p.T)
