@@ -589,8 +589,11 @@ def test_align_commit_writes_final_and_boundary(device, commit_design):
 
 
 def test_zero_tokens_leave_out_untouched(device):
+    """A batch without tokens: verify returns the ``out`` it was given and writes nothing."""
     p = make_problem(device, H=1, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32,
                      lower_bound=None, seed=1, lengths=[0, 0], kinds=[1, -1])
+    buffers = (p.state, p.records.correction, p.records.key_gate)
+    before = [t.clone() for t in buffers]
     empty = lambda x: x[:, :0]  # noqa: E731
     out = torch.full((1, 0, 1, 16), 3.0, device=device)
     result = kernels.kda_recoverssm_verify(empty(p.q), empty(p.k), empty(p.v), empty(p.raw_g), empty(p.raw_beta),
@@ -598,6 +601,7 @@ def test_zero_tokens_leave_out_untouched(device):
                                            torch.zeros(3, dtype=torch.int32, device=device), p.state_indices, 2,
                                            out=out, record_indices=p.record_indices)
     assert result is out
+    assert all(same_bits(t, b) for t, b in zip(buffers, before)), "a batch without tokens wrote a buffer"
 
 
 def _verify_kwargs(p: Problem) -> dict:
