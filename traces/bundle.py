@@ -24,6 +24,7 @@ from pathlib import Path
 
 from traces.determinism import DeterminismReport
 from traces.files import umask
+from traces.impl import names_a_file
 from traces.provenance import environment
 from traces.shrink import Divergence, ShrinkResult, Signature, failure_kind, parse_failure
 
@@ -51,9 +52,9 @@ class Recheck:
 def _impl_file(impl: str) -> Path | None:
     """The ``.py`` file to put in the bundle: ``impl`` when it names one, or the file of a
     top-level module that imports only from the current folder (which the bundle is not)."""
-    if impl.endswith(".py") and Path(impl).is_file():
-        return Path(impl)
-    if "/" in impl or "." in impl or impl in ("triton", "reference"):
+    if names_a_file(impl):
+        return Path(impl) if Path(impl).is_file() else None
+    if "." in impl or impl in ("triton", "reference"):  # a package's module, or kda's own
         return None
     import importlib.util
 
