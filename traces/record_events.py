@@ -119,7 +119,7 @@ class EventRecorder:
             self.stopped = "max_events"
         elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
             self.stopped = "max_bytes"
-        return _Event(index, op, tensors, undo)
+        return _Event(index, undo)
 
     def _call(self, event: "_Event", run):
         try:
@@ -223,8 +223,6 @@ _WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
 @dataclass
 class _Event:
     index: int
-    op: str
-    tensors: dict[str, torch.Tensor]
     undo: tuple  # what was seen and bound before it, restored when the call raises
 
 
