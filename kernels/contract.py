@@ -202,6 +202,13 @@ def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, 
     return batch, heads, kdim, vdim
 
 
+def check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan) -> None:
+    """Check both halves of a flush (its plan, then its commit of ``record_rows``) before the
+    plan consumes any count."""
+    check_pending_args(state_indices, record_rows, pending, plan, records=records)
+    check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, plan, record_rows)
+
+
 def check_plan_args(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
                     block_table, num_computed, block_size) -> int:
     """Check a commit plan's arguments; return B."""

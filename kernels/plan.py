@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
 from kernels.commit import kda_recoverssm_commit
-from kernels.contract import check_commit_args, check_pending_args, check_plan_args
+from kernels.contract import check_flush_args, check_pending_args, check_plan_args
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 from kernels.flush_plan import store_flush_plan
 
@@ -237,9 +237,7 @@ def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, s
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
                          state_indices, record_rows, pending, plan: CommitPlan) -> None:
     """Fold each row's pending records into its slot in place; every count is consumed once."""
-    # both halves' arguments before the flush plan consumes a count
-    check_pending_args(state_indices, record_rows, pending, plan, records=records)
-    check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, plan, record_rows)
+    check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan)
     _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords, allocate_records  # noqa: F401 (API)
-from kernels.contract import check_commit_args, check_pending_args, check_plan_args, check_verify_args
+from kernels.contract import (
+    check_commit_args, check_flush_args, check_pending_args, check_plan_args, check_verify_args,
+)
 
 SOFTPLUS_THRESHOLD = 20.0
 NORM_EPS = 1e-6
@@ -205,9 +207,7 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
                          state_indices, record_rows, pending, plan: CommitPlan) -> None:
     """Fold every pending replay into its slot in place and consume its count (docs/design.md §7)."""
-    # both halves' arguments before the flush plan consumes a count
-    check_pending_args(state_indices, record_rows, pending, plan, records=records)
-    check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, plan, record_rows)
+    check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan)
     _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)
