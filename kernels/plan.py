@@ -6,7 +6,8 @@ Each step is a small integer kernel, ``_PLAN_BLOCK`` rows a program, writing int
 be captured in a CUDA graph. The documented raw kernels ``_defer_commit_kernel`` and
 ``_prepare_flush_plan_kernel`` (one program per batch row, launched by engines themselves)
 share their row logic with the blocked kernels the wrappers launch (``defer_batch_rows``,
-``plan_flush_rows``).
+``plan_flush_rows``). The documented flush plan kernel reads ``pending`` and never writes it;
+kda's own flush (``kda_recoverssm_flush``) consumes the counts it folds unless asked not to.
 """
 
 from __future__ import annotations
@@ -102,14 +103,15 @@ def defer_batch_rows(rows, in_batch, state_indices_ptr, commit_lens_ptr, record_
 @triton.jit
 def plan_flush_rows(rows, in_batch, state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                     final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
-                    stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
+                    stride_state_indices, SPEC_QUERY_LEN: tl.constexpr, CONSUME: tl.constexpr):
     """Plan batch rows ``rows`` (a scalar or a vector, where ``in_batch``) to fold their
-    pending counts in place, and consume those counts (docs/design.md §7)."""
+    pending counts in place (docs/design.md §7); with ``CONSUME``, zero the counts read."""
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
     row = tl.load(record_rows_ptr + rows, mask=in_batch, other=-1)
     live = in_batch & (slot > null_block_id) & (row >= 0)
     count = tl.load(pending_ptr + row, mask=live, other=0)
-    tl.store(pending_ptr + row, count * 0, mask=live)
+    if CONSUME:
+        tl.store(pending_ptr + row, count * 0, mask=live)
     store_flush_plan(rows, in_batch, slot, count, commit_lens_ptr, final_state_indices_ptr,
                      boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id, SPEC_QUERY_LEN)
 
@@ -144,25 +146,27 @@ def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, 
                                final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
                                null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
     """The documented flush plan kernel: grid ``(B,)``, one program per batch row; writes the
-    four int32 [B] plan columns and zeroes each consumed ``pending`` count (int32 [R])."""
+    four int32 [B] plan columns from the ``pending`` counts (int32 [R]), which it only reads."""
     b = tl.program_id(0)
     plan_flush_rows(b, b >= 0, state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                     final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
-                    stride_state_indices, SPEC_QUERY_LEN)
+                    stride_state_indices, SPEC_QUERY_LEN, False)
 
 
 @triton.jit
 def _prepare_flush_plan_blocked_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                                        final_state_indices_ptr, boundary_state_indices_ptr,
                                        boundary_recovery_lens_ptr, batch, null_block_id, stride_state_indices,
-                                       SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    """``_prepare_flush_plan_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``."""
+                                       SPEC_QUERY_LEN: tl.constexpr, CONSUME: tl.constexpr, BLOCK: tl.constexpr,
+                                       DEPENDENT: tl.constexpr):
+    """``_prepare_flush_plan_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``;
+    with ``CONSUME`` it zeroes the counts it plans."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     plan_flush_rows(rows, rows < batch, state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                     final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr, null_block_id,
-                    stride_state_indices, SPEC_QUERY_LEN)
+                    stride_state_indices, SPEC_QUERY_LEN, CONSUME)
 
 
 def kda_recoverssm_plan(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
@@ -222,22 +226,25 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
     )
 
 
-def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, spec_query_len: int) -> None:
-    """Fill ``plan`` to fold each row's pending records in place, consuming the counts."""
+def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, spec_query_len: int,
+                        consume: bool) -> None:
+    """Fill ``plan`` to fold each row's pending records in place; ``consume`` zeroes the counts."""
     B = check_pending_args(state_indices, record_rows, pending, plan)
     if B == 0:
         return
     _prepare_flush_plan_blocked_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
         plan.boundary_state_indices, plan.boundary_recovery_lens, B, NULL_BLOCK_ID, state_indices.stride(0),
-        SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),
+        SPEC_QUERY_LEN=spec_query_len, CONSUME=consume, BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),
     )
 
 
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
-                         state_indices, record_rows, pending, plan: CommitPlan) -> None:
-    """Fold each row's pending records into its slot in place; every count is consumed once."""
+                         state_indices, record_rows, pending, plan: CommitPlan, consume_pending: bool = True) -> None:
+    """Fold each row's pending records into its slot in place. kda's contract consumes each
+    count folded (zeroes it); ``consume_pending=False`` leaves ``pending`` as the documented
+    flush plan kernel does (docs/design.md §7)."""
     check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan)
-    _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
+    _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len, consume_pending)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)

@@ -150,9 +150,9 @@ def kda_recoverssm_plan_deferred(plan: CommitPlan, num_accepted, query_start_loc
     return rows
 
 
-def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending,
-                                      spec_query_len: int) -> CommitPlan:
-    """Fill ``plan`` to fold each row's pending records in place, consuming the counts."""
+def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, spec_query_len: int,
+                        consume: bool) -> CommitPlan:
+    """Fill ``plan`` to fold each row's pending records in place; ``consume`` zeroes the counts read."""
     B = check_pending_args(state_indices, record_rows, pending, plan)
     rows = plan.rows(B)
     for b in range(B):
@@ -160,7 +160,8 @@ def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending,
         count = 0
         if slot > NULL_BLOCK_ID and row >= 0:
             count = min(max(int(pending[row]), 0), spec_query_len)
-            pending[row] = 0
+            if consume:
+                pending[row] = 0
         rows.commit_lens[b] = count
         rows.final_state_indices[b] = slot
     rows.boundary_state_indices.fill_(NULL_BLOCK_ID)
@@ -205,10 +206,11 @@ def kda_recoverssm_commit(checkpoint_state, records: KDARecoverSSMRecords, A_log
 
 
 def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
-                         state_indices, record_rows, pending, plan: CommitPlan) -> None:
-    """Fold every pending replay into its slot in place and consume its count (docs/design.md §7)."""
+                         state_indices, record_rows, pending, plan: CommitPlan, consume_pending: bool = True) -> None:
+    """Fold every pending replay into its slot in place and consume its count, or leave the
+    counts as they are with ``consume_pending=False`` (docs/design.md §7)."""
     check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan)
-    _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len)
+    _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len, consume_pending)
     kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                           record_indices=record_rows)
 

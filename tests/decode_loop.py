@@ -23,8 +23,10 @@ WIDTH = 4
 
 
 def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, device: str = "cpu",
-                fused: bool = False) -> None:
-    """Run ``steps`` decode steps through ``api`` (a module or recorder with the kernel API)."""
+                fused: bool = False, consume_pending: bool = True) -> None:
+    """Run ``steps`` decode steps through ``api`` (a module or recorder with the kernel API).
+    ``consume_pending`` is the unfused flushes' option (every row is deferred each step, so
+    counts left in place are never folded twice)."""
     g = torch.Generator().manual_seed(seed)
     num_slots = 1 + REQUESTS * (WIDTH if mode == "align" else 1)
     pool = (torch.randn(num_slots, H, V, K, generator=g) * 0.5).to(device)
@@ -51,7 +53,8 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
         else:
             slots = i32([1, 2, 3, -1])
             if not fused:
-                api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, slots, rec_rows, pending, plan)
+                api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, slots, rec_rows, pending, plan,
+                                         consume_pending=consume_pending)
         lens = [T, T if mode == "align" else 1 + (step + 1) % T, T, 0]
         qsl = i32([0, *torch.tensor(lens).cumsum(0).tolist()])
         total = sum(lens)
@@ -82,4 +85,4 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
                                       record_indices=record_indices)
     if mode == "deferred":
         api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, i32([1, 2, 3, -1]), rec_rows, pending,
-                                 plan)
+                                 plan, consume_pending=consume_pending)

@@ -59,7 +59,7 @@ def test_replay_prints_the_events_it_compared(sig, format, tmp_path):
     (["synth", "out/t.safetensors", "--preset", "k3-tp8", "--requests", "24", "--max-batch", "4"],
      "synth: requests finished", signal.SIGTERM),
     (["slice", str(SAMPLE), "--events", "14:", "--out", "out/cut.safetensors"], "slice: events run", signal.SIGINT),
-    (["repro", "{trace}", "--out", "out/bug", "--impl", str(BROKEN / "flush_keeps_pending.py")], "repro: ",
+    (["repro", "{trace}", "--out", "out/bug", "--impl", str(BROKEN / "flush_consumes_pending.py")], "repro: ",
      signal.SIGTERM),
 ], ids=["synth", "slice", "repro"])
 def test_writers_leave_nothing_behind(args, started, sig, tmp_path):
@@ -99,7 +99,7 @@ def test_an_interrupted_bundle_leaves_no_temporary_folder(tmp_path, capsys, monk
     (tmp_path / "out").mkdir()
     monkeypatch.setattr(traces.bundle, "_recheck", stop)
     code, out, err = run_kda(["repro", str(trace), "--out", str(tmp_path / "out" / "bug"), "--impl",
-                              str(BROKEN / "flush_keeps_pending.py")], capsys, monkeypatch)
+                              str(BROKEN / "flush_consumes_pending.py")], capsys, monkeypatch)
     assert code == 130 and out == ""
     assert err.strip().splitlines()[-1].startswith("Error: interrupted by SIGINT; ")
     assert list((tmp_path / "out").iterdir()) == []

@@ -469,7 +469,7 @@ def test_defer_and_flush_plan_span_several_programs(device):
         impl.kda_recoverssm_defer(plan, slots, rows, pending, eager)
         deferred = (pending.tolist(), plan.commit_lens.tolist())
         flush_plan = CommitPlan.allocate(B, device)
-        prepare_flush_plan(flush_plan, slots, rows, pending, T)
+        prepare_flush_plan(flush_plan, slots, rows, pending, T, True)
         seen.append((deferred, pending.tolist(), [getattr(flush_plan, name).tolist() for name in
                     ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")]))
     assert seen[0] == seen[1]

@@ -79,7 +79,7 @@ def test_documented_kernels_match_reference(device, with_eager, B, T):
 
         plan, plan64 = sentinel_plan(B, device), sentinel_plan(B, device)
         launch_flush_plan(state_indices, record_rows, pending, plan, T)
-        ref._prepare_flush_plan(plan64, state_indices, record_rows, pending64, T)
+        ref._prepare_flush_plan(plan64, state_indices, record_rows, pending64, T, consume=False)
         assert_same_plan(plan, plan64)
         assert torch.equal(pending, pending64), "pending after the flush plan differs"
         commit_lens = torch.tensor([gen.randint(0, T) for _ in range(B)], dtype=torch.int32, device=device)
@@ -89,8 +89,8 @@ def test_documented_kernels_match_reference(device, with_eager, B, T):
 
 
 def test_documented_flush_plan_clamps_counts(device):
-    """Counts below 0 plan nothing, above T plan T; null, padding and -1 rows plan nothing and
-    keep their counts."""
+    """Counts below 0 plan nothing, above T plan T; null, padding and -1 rows plan nothing; no
+    count changes (the documented kernel only reads ``pending``)."""
     T = 4
     state_indices = torch.tensor([3, 4, 5, NULL_BLOCK_ID, -1, 6], dtype=torch.int32, device=device)
     record_rows = torch.tensor([0, 1, 2, 3, 4, -1], dtype=torch.int32, device=device)
@@ -100,4 +100,4 @@ def test_documented_flush_plan_clamps_counts(device):
     assert plan.commit_lens.tolist() == [0, T, 2, 0, 0, 0, SENTINEL, SENTINEL]
     assert plan.final_state_indices[:6].tolist() == state_indices.tolist()
     assert plan.boundary_state_indices[:6].tolist() == [NULL_BLOCK_ID] * 6
-    assert pending.tolist() == [0, 0, 0, 3, 1, 9]
+    assert pending.tolist() == [-2, T + 5, 2, 3, 1, 9]

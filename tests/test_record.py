@@ -102,7 +102,7 @@ def test_snapshot_touched_leaves_unseen_slots_zero_and_all_copies_pools(tmp_path
             assert torch.equal(initial[2], pool[2]) and not initial[[0, 1, 3, 4]].any()
 
 
-def test_caps_filter_and_foreign_buffers(tmp_path):
+def test_caps_filter_and_foreign_buffers(tmp_path, capsys, monkeypatch):
     path = tmp_path / "capped.safetensors"
     with record_trace(path, "reference", max_events=4) as api:
         decode_loop(api, "deferred", steps=2)
@@ -114,10 +114,14 @@ def test_caps_filter_and_foreign_buffers(tmp_path):
     with record_trace(path, "reference", ops=["verify", "commit"]) as api:
         decode_loop(api, "deferred", steps=2)
         decode_loop(api, "deferred", steps=1, seed=1)  # another pool: passed through, not recorded
-    assert _ops(path) == ["verify", "commit"] * 2
+    assert [op for op in _ops(path) if op != "write"] == ["verify", "commit"] * 2
+    assert "write" in _ops(path)  # what the skipped flushes, plans and defers changed
     with read_trace(path) as trace:
         skipped = trace.manifest.provenance["skipped_calls"]
     assert skipped == {"flush": 5, "plan": 3, "defer": 3, "verify": 1, "commit": 1}
+    code, out, err = run_kda(["replay", str(path), "--impl", "reference", "--atol", "0", "--rtol", "0",
+                              "--no-progress"], capsys, monkeypatch)
+    assert code == 0, out + err
 
 
 def test_byte_cap_and_a_call_that_raises(tmp_path, capsys, monkeypatch, device):
@@ -232,6 +236,6 @@ def test_record_run_records_a_program(tmp_path, capsys, monkeypatch, device):
     code, out, err = run_kda(["record", "run", str(path), "--ops", "verify", "--", sys.executable, str(main)],
                              capsys, monkeypatch)
     assert code == 0, err
-    assert _ops(path) == ["verify"] * 3
+    assert [op for op in _ops(path) if op != "write"] == ["verify"] * 3
     with read_trace(path) as trace:
         assert Tape.load(trace).provenance["command"].endswith("main.py")

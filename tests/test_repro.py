@@ -24,13 +24,14 @@ BROKEN = Path(__file__).resolve().parent / "broken_impls"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """A deferred and an align-mode decode loop, recorded through the reference."""
+    """A deferred decode loop whose flushes leave the pending counts (as the documented flush
+    plan kernel does) and an align-mode one, recorded through the reference."""
     folder = tmp_path_factory.mktemp("recorded")
     paths = {}
     for mode, steps in (("deferred", 3), ("align", 2)):
         paths[mode] = folder / f"{mode}.safetensors"
         with record_trace(paths[mode], "reference") as api:
-            decode_loop(api, mode, steps=steps)
+            decode_loop(api, mode, steps=steps, consume_pending=False)
     return paths
 
 
@@ -43,7 +44,7 @@ def _first_failure(report: dict) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("mode, broken, op, role", [
-    ("deferred", "flush_keeps_pending.py", "flush", "pending"),
+    ("deferred", "flush_consumes_pending.py", "flush", "pending"),
     ("align", "old_align_column.py", "plan", "final_state_indices"),
 ])
 def test_broken_implementation_is_caught_and_shrunk(recorded, tmp_path, capsys, monkeypatch, mode, broken, op, role):
@@ -227,7 +228,7 @@ def test_an_oracle_that_cannot_be_loaded_is_named_as_the_oracle(recorded, tmp_pa
     trace = str(recorded["deferred"])
     args = {"slice": ["slice", trace, "--events", "1:2", "--out", str(tmp_path / "cut.safetensors")],
             "repro": ["repro", trace, "--out", str(tmp_path / "bundle"), "--impl",
-                      str(BROKEN / "flush_keeps_pending.py")]}[command]
+                      str(BROKEN / "flush_consumes_pending.py")]}[command]
     code, out, err = run_kda([*args, "--oracle", "no_such_oracle"], capsys, monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and len(lines) == 1, err
@@ -259,11 +260,11 @@ def test_a_bundle_survives_an_implementation_that_prints_or_is_named_kernels(rec
     """An implementation that prints (at import and in its calls) leaves ``--format json``
     stdout one JSON document, and one whose file is ``kernels.py`` does not hide kda's
     ``kernels`` in the bundle: both bundles fail the same way in a fresh process."""
-    source = (BROKEN / "flush_keeps_pending.py").read_text()
+    source = (BROKEN / "flush_consumes_pending.py").read_text()
     impl = tmp_path / "my impl" / name
     impl.parent.mkdir()
     impl.write_text('print("loading my kernels")\n' + source.replace(
-        "    kept = pending.clone()\n", "    print('flushing')\n    kept = pending.clone()\n"))
+        "    _prepare_flush_plan(", "    print('flushing')\n    _prepare_flush_plan("))
     code, out, err = run_kda(["replay", str(recorded["deferred"]), "--impl", str(impl), "--format", "json",
                               "--no-progress"], capsys, monkeypatch)
     assert code == 1, (out[:300], err[:300])
@@ -282,7 +283,7 @@ def test_repro_sh_sets_the_design_the_run_forced(recorded, tmp_path, capsys, mon
     monkeypatch.setenv("KDA_DESIGN", "verify=one-pass")
     bundle = tmp_path / "bundle"
     code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", str(bundle), "--impl",
-                              str(BROKEN / "flush_keeps_pending.py")], capsys, monkeypatch)
+                              str(BROKEN / "flush_consumes_pending.py")], capsys, monkeypatch)
     assert code == 1, err
     assert "export KDA_DESIGN=verify=one-pass\n" in (bundle / "repro.sh").read_text()
     assert "`KDA_DESIGN=verify=one-pass` (set by `repro.sh`)" in (bundle / "report.md").read_text()
@@ -291,7 +292,7 @@ def test_repro_sh_sets_the_design_the_run_forced(recorded, tmp_path, capsys, mon
 def test_the_current_folder_is_not_a_bundle_folder(recorded, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", ".", "--impl",
-                              str(BROKEN / "flush_keeps_pending.py")], capsys, monkeypatch)
+                              str(BROKEN / "flush_consumes_pending.py")], capsys, monkeypatch)
     assert code == 2 and err.strip().splitlines() == ["Error: --out .: is the current folder; name a new or empty one"]
     assert list(tmp_path.iterdir()) == []
 
@@ -299,7 +300,7 @@ def test_the_current_folder_is_not_a_bundle_folder(recorded, tmp_path, capsys, m
 def test_a_module_of_the_current_folder_goes_into_the_bundle(recorded, tmp_path, capsys, monkeypatch):
     """``--impl cwd_engine`` imports from the current folder, which the bundle's fresh
     process does not run in: its file is copied in."""
-    shutil.copyfile(BROKEN / "flush_keeps_pending.py", tmp_path / "cwd_engine.py")
+    shutil.copyfile(BROKEN / "flush_consumes_pending.py", tmp_path / "cwd_engine.py")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", "bundle", "--impl", "cwd_engine"],

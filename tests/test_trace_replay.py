@@ -31,7 +31,8 @@ def test_synth_then_replay_passes(impl, good, capsys, monkeypatch):
     code, report, err = _replay_json([str(good), "--impl", impl], capsys, monkeypatch)
     assert code == 0, err
     assert report["passed"] and report["impl"] == impl and report["device"] == "cpu"
-    assert set(report["summary"]) == {"verify", "plan", "defer", "commit", "flush"}
+    assert set(report["summary"]) == {"verify", "plan", "defer", "commit", "flush", "write"}
+    assert report["summary"]["write"]["tensors"] == 0  # applied, nothing to compare
     assert report["final"] and all(t["passed"] for t in report["final"])
     assert report["summary"]["verify"]["median_ms"] is None and report["timing"].startswith("not measured")
     compared = [t for e in report["events"] for t in e["tensors"]]

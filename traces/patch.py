@@ -188,7 +188,7 @@ class PatchRecorder(Recorder):
         bind = {**{f"plan.{f}": t for f, t in plan.items()}, "pending": p["pending_ptr"]}
         if not self._wants("flush", bind, None, None, lower_bound_used=False):
             return launch(*args, **kwargs)
-        before = p["pending_ptr"].clone()
+        before = {"pending": p["pending_ptr"].clone(), **{f"plan.{f}": t.clone() for f, t in plan.items()}}
         result = launch(*args, **kwargs)
         self._flush = {"state_indices": state_indices, "record_rows": p["record_rows_ptr"][:B], "plan": plan,
                        "pending": p["pending_ptr"], "before": before}
@@ -214,14 +214,18 @@ class PatchRecorder(Recorder):
                                 a["state_indices"], plan, record_indices=rows)
         if not self._wants("flush", bind, a["lower_bound"], None):
             return run()
-        consumed = pending.clone()
-        pending.copy_(flush["before"])  # the event's snapshot sees the counts the flush consumed
+        # the event begins where the flush plan launch did: its snapshots and writes see the
+        # counts and plan columns from before it (a kernel that consumes counts shows as one)
+        after = {role: bind[role].clone() for role in flush["before"]}
+        for role, t in flush["before"].items():
+            bind[role].copy_(t)
         try:
             event = self._begin("flush", {"state_indices": flush["state_indices"],
-                                          "record_rows": flush["record_rows"]}, {},
+                                          "record_rows": flush["record_rows"]}, {"consume_pending": False},
                                 flush["state_indices"], flush["record_rows"], bind, (a["lower_bound"],))
         finally:
-            pending.copy_(consumed)
+            for role, t in after.items():
+                bind[role].copy_(t)
         result = self._call(event, run)
         slots = written_slots(plan, flush["state_indices"], flush["record_rows"])
         self._end(event, {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)],

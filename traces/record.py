@@ -19,8 +19,9 @@ other buffers (another layer) are passed through unrecorded and counted.
 
 Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
 call is forwarded as it is, so the graph captures what it would without the recorder, and
-counted in ``skipped_calls`` as ``captured`` (one line on stderr says how to record those
-steps: run the engine eagerly). The bookkeeping of events (bound buffers, first-seen
+counted in ``skipped_calls`` as ``captured`` (one line on stderr says so). What the graph's
+replays change in the buffers reaches the trace as ``write`` events, as every write outside
+the recorded calls does (``traces.record_events``). The bookkeeping of events (bound buffers, first-seen
 snapshots, shards, caps, merge) is ``traces.record_events.EventRecorder``, which ``Recorder``
 maps the kernel API onto. A program that was not edited is recorded by patching its
 modules (``traces.patch``).
@@ -48,8 +49,9 @@ from traces.shards import MergeResult, RecordError, merge_shards
 
 ENV_PATH = "KDA_RECORD"
 
-CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded, nor are "
-                 "the graph's replays; to record those steps run the engine eagerly (e.g. vLLM's --enforce-eager)")
+CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded; what the "
+                 "graph's replays change in the buffers is recorded as writes, so replays stay exact but those "
+                 "calls are not checked; to check them run the engine eagerly (e.g. vLLM's --enforce-eager)")
 
 
 def capturing() -> bool:
@@ -140,17 +142,20 @@ class Recorder(EventRecorder):
         return result
 
     def kda_recoverssm_flush(self, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
-                             pending, plan):
+                             pending, plan, consume_pending=True):
+        keep = {} if consume_pending else {"consume_pending": False}  # an implementation may not know the option
+
         def run():
             return self.impl.kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound,
-                                                  state_indices, record_rows, pending, plan)
+                                                  state_indices, record_rows, pending, plan, **keep)
 
         bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias),
                 **_plan(plan), "pending": pending}
         if not self._wants("flush", bind, lower_bound, None):
             return run()
-        event = self._begin("flush", {"state_indices": state_indices, "record_rows": record_rows}, {},
-                            state_indices, record_rows, bind, (lower_bound,))
+        event = self._begin("flush", {"state_indices": state_indices, "record_rows": record_rows},
+                            {"consume_pending": bool(consume_pending)}, state_indices, record_rows, bind,
+                            (lower_bound,))
         result = self._call(event, run)
         self._end(event, {**_states(checkpoint_state, written_slots(plan, state_indices, record_rows)),
                           "pending": pending})

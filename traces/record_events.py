@@ -8,6 +8,11 @@ buffers whole; whole pools with ``snapshot="all"``), the caps, and one pair of s
 event under ``<path>.shards``. An event is ``_begin`` (inputs and snapshots, written before the
 call), ``_call`` (the call; when it raises the event is undone) and ``_end`` (the expected
 results). ``close()`` merges the shards into the trace.
+
+Whatever changed a region the trace has described since the last recorded call that
+touched it (the engine's own writes, calls left unrecorded) becomes a ``write`` event just
+before the call that touches it next (``traces.record_watch``), so a replay starts every
+call from what the recorded call saw.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from traces.record_watch import BufferWatch
 from traces.schema import NULL_ID, OPS, PLAN_FIELDS
 from traces.shards import MergeResult, RecordError, merge_shards, save_shard
 from traces.validate import dtype_name
@@ -79,7 +85,7 @@ class EventRecorder:
         self.shards.mkdir(parents=True)
         self.snapshot, self.ops = snapshot, tuple(ops) if ops else OPS
         self.max_events, self.max_bytes = max_events, max_bytes
-        self.events = self.bytes = 0
+        self.events = self.calls = self.bytes = 0
         self.skipped: dict[str, int] = {}
         self.stopped: str | None = None
         self.closed = False
@@ -89,6 +95,7 @@ class EventRecorder:
         self._seen_rows: set[int] = set()
         self._seen_whole: set[str] = set()
         self._max_batch = 1
+        self._watch = BufferWatch()
         from traces.provenance import trace_provenance
 
         self.provenance: dict[str, Any] = trace_provenance(
@@ -101,10 +108,16 @@ class EventRecorder:
 
     def _begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
                bind: dict[str, torch.Tensor], lower_bound: tuple | None = None) -> "_Event":
-        """Bind new buffers, snapshot first-seen regions, write the inputs shard.
-        ``lower_bound`` is ``(value,)`` for ops that take one."""
-        undo = (set(self._seen_slots), set(self._seen_rows), set(self._seen_whole), dict(self._bound),
-                self._lower_bound, self.stopped, self.bytes, self._max_batch)
+        """Bind new buffers, record what changed since the trace last described the regions
+        this call touches (a ``write`` event), snapshot first-seen regions, write the inputs
+        shard. ``lower_bound`` is ``(value,)`` for ops that take one."""
+        bound_before = dict(self._bound)
+        for role, t in bind.items():
+            self._bind(role, t)
+        touched_slots, touched_rows = self._touched(slots, rows)
+        self._write_changes(touched_slots, touched_rows)  # true whatever the call does: not undone
+        undo = (set(self._seen_slots), set(self._seen_rows), set(self._seen_whole), bound_before,
+                self._lower_bound, self.stopped, self.bytes, self._max_batch, self.calls)
         tensors: dict[str, torch.Tensor] = {}
         for role, t in inputs.items():
             if t is not None:
@@ -115,11 +128,14 @@ class EventRecorder:
         meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
         self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
         self.events += 1
-        if self.max_events is not None and self.events >= self.max_events:
+        self.calls += 1
+        if self.max_events is not None and self.calls >= self.max_events:
             self.stopped = "max_events"
         elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
             self.stopped = "max_bytes"
-        return _Event(index, undo)
+        every = self.snapshot == "all"
+        return _Event(index, undo, _all_or(every, touched_slots, self._seen_slots),
+                      _all_or(every, touched_rows, self._seen_rows))
 
     def _call(self, event: "_Event", run):
         try:
@@ -129,13 +145,65 @@ class EventRecorder:
             (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
             self.events -= 1
             (self._seen_slots, self._seen_rows, self._seen_whole, self._bound, self._lower_bound,
-             self.stopped, self.bytes, self._max_batch) = event.undo
+             self.stopped, self.bytes, self._max_batch, self.calls) = event.undo
             self.skipped["raised"] = self.skipped.get("raised", 0) + 1
             raise
 
     def _end(self, event: "_Event", expected: dict[str, torch.Tensor]) -> None:
         tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
         self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
+        self._note(event.slots, event.rows)
+
+    # -- writes between the recorded calls -------------------------------------------
+
+    def _touched(self, slots, rows) -> tuple[list[int], list[int]]:
+        """The real slots and record rows (in range of the bound buffers) a call touches."""
+        pool, corr = self._bound.get("checkpoint_state"), self._bound.get("records.correction")
+        touched_slots = _ints(slots, NULL_ID + 1, pool.shape[0]) if pool is not None and slots is not None else []
+        touched_rows = _ints(rows, 0, corr.shape[0]) if corr is not None and rows is not None else []
+        return touched_slots, touched_rows
+
+    def _write_changes(self, slots: list[int], rows: list[int]) -> None:
+        """A ``write`` event holding every region among ``slots``, ``rows`` and the small
+        buffers whose contents differ from what the trace says; none when nothing does."""
+        watch, bound = self._watch, self._bound
+        tensors: dict[str, torch.Tensor] = {}
+        changed_slots: list[int] = []
+        changed_rows: list[int] = []
+        if "checkpoint_state" in bound:
+            changed_slots = watch.changed_rows("checkpoint_state", bound["checkpoint_state"], slots)
+        if changed_slots:
+            tensors.update(_rows_of("slots", "states", bound["checkpoint_state"], changed_slots))
+        if "records.correction" in bound:
+            changed_rows = sorted(set(watch.changed_rows("records.correction", bound["records.correction"], rows))
+                                  | set(watch.changed_rows("records.key_gate", bound["records.key_gate"], rows)))
+        if changed_rows:
+            tensors.update(_rows_of("rows", "records.correction", bound["records.correction"], changed_rows))
+            kg = bound["records.key_gate"]
+            tensors["in.records.key_gate"] = _cpu(kg[torch.tensor(changed_rows, device=kg.device)])
+        changed_whole = [role for role in _WHOLE if role in bound and watch.changed_whole(role, bound[role])]
+        for role in changed_whole:
+            tensors[f"in.{role}"] = _cpu(bound[role])
+        if not tensors:
+            return
+        index = self.events
+        meta = {"index": index, "op": "write", "attrs": {}, "context": self._context()}
+        self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
+        self.bytes += save_shard(self.shards / f"{index:06d}.out.safetensors", {}, {"index": index})
+        self.events += 1
+        self._note(changed_slots, changed_rows)
+
+    def _note(self, slots: list[int], rows: list[int]) -> None:
+        """The trace now describes ``slots``, ``rows`` and every bound small buffer as they are."""
+        watch, bound = self._watch, self._bound
+        if "checkpoint_state" in bound:
+            watch.note_rows("checkpoint_state", bound["checkpoint_state"], slots)
+        for role in ("records.correction", "records.key_gate"):
+            if role in bound:
+                watch.note_rows(role, bound[role], rows)
+        for role in _WHOLE:
+            if role in bound:
+                watch.note_whole(role, bound[role])
 
     def _bind(self, name: str, tensor: torch.Tensor) -> None:
         self._bound.setdefault(name, tensor)
@@ -224,6 +292,18 @@ _WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
 class _Event:
     index: int
     undo: tuple  # what was seen and bound before it, restored when the call raises
+    slots: list[int]  # the regions the trace describes as the call leaves them
+    rows: list[int]
+
+
+def _all_or(every: bool, touched: list[int], seen: set[int]) -> list[int]:
+    """``touched``, or with ``snapshot="all"`` every index seen (the whole buffer)."""
+    return sorted(seen) if every else touched
+
+
+def _rows_of(index_role: str, role: str, buf: torch.Tensor, indices: list[int]) -> dict[str, torch.Tensor]:
+    index = torch.tensor(indices, dtype=torch.int64)
+    return {f"in.{index_role}": index.to(torch.int32), f"in.{role}": _cpu(buf[index.to(buf.device)])}
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,9 @@ NULL_ID = 0
 PAD_ID = -1
 """Smallest index a trace may hold: the padding id for slots and the 'no row' id for records."""
 
-OPS = ("verify", "plan", "defer", "commit", "flush")
+OPS = ("verify", "plan", "defer", "commit", "flush", "write")
+KERNEL_OPS = OPS[:5]
+"""The ops that are kernel calls; ``write`` is what changed in the buffers between them."""
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 ACTIVATION_DTYPES = FLOAT_DTYPES
 STATE_DTYPES = ("float32", "bfloat16", "float64")
@@ -87,7 +89,8 @@ class Role:
     shape: symbols or ints (module docstring); ``B+1`` binds B from the length.
     dtype: ``act``, ``state``, ``float32``, ``int32`` or ``flag`` (bool, int8, uint8, int32).
     index: value rule for integer tensors: ``slot`` (PAD_ID <= i < N), ``real_slot``
-           (NULL_ID < i < N), ``record_row`` (PAD_ID <= i < R), ``qsl`` (query_start_loc),
+           (NULL_ID < i < N), ``record_row`` (PAD_ID <= i < R), ``real_record_row``
+           (0 <= i < R), ``qsl`` (query_start_loc),
            ``count`` (0 <= i <= T), ``nonneg`` (i >= 0), or None (any value).
     """
 
@@ -154,8 +157,24 @@ INPUTS: dict[str, dict[str, Role]] = {
         "state_indices": _SLOTS,
         "record_rows": _i32(("B",), "record_row"),
     },
+    "write": {
+        "slots": _i32(("M",), "real_slot", required=False),
+        "states": Role(("M", "H", "V", "K"), "state", required=False),
+        "rows": _i32(("Q",), "real_record_row", required=False),
+        "records.correction": Role(("Q", "H", "T", "V"), "float32", required=False),
+        "records.key_gate": Role(("Q", "H", "T", "2K"), "act", required=False),
+        **{role: Role(r.shape, r.dtype, False, r.index) for role, r in BUFFERS.items()
+           if role not in ("checkpoint_state", "records.correction", "records.key_gate")},
+        **{role: Role(r.shape, r.dtype, False) for role, r in PARAMS.items()},
+    },
 }
-"""What each op reads, by role; the plan buffer is read from the evolving buffers, not here."""
+"""What each op reads, by role; the plan buffer is read from the evolving buffers, not here.
+
+write: new contents of buffer regions, set before the next event runs: state ``slots``
+       (distinct) and their ``states``; record ``rows`` (distinct) and their records; whole
+       pending counts, plan columns and parameters. Each is optional."""
+WRITE_GROUPS = (("slots", "states"), ("rows", "records.correction", "records.key_gate"))
+"""Roles of a write that come together: an index tensor and the contents it places."""
 
 _WRITTEN_STATES = {
     "slots": _i32(("M",), "real_slot"),
@@ -172,6 +191,7 @@ EXPECTED: dict[str, dict[str, Role]] = {
     "defer": {"pending": _i32(("R",)), "commit_lens": _i32(("B",))},
     "commit": dict(_WRITTEN_STATES),
     "flush": {**_WRITTEN_STATES, "pending": _i32(("R",))},
+    "write": {},
 }
 """What each op writes, by role. Every expected role is optional.
 
@@ -181,7 +201,9 @@ plan:   the first B rows of the plan.   defer: all of ``pending``, plan ``commit
 commit, flush: ``slots`` (distinct real slots written) and ``states`` (their contents after).
 """
 
-ATTRS = {"plan": ("block_size",)}
+ATTRS = {"plan": ("block_size",), "flush": ("consume_pending",)}
+"""Attrs an op may carry. flush ``consume_pending``: whether the flush zeroed the counts it
+folded (kda's flush API) or left them (the documented flush plan kernel); absent = true."""
 
 
 @dataclass(frozen=True)
@@ -353,4 +375,10 @@ def _event(index: int, raw: Any) -> Event:
     _expect(isinstance(attrs, dict), f"{where} ({op}): 'attrs' must be an object")
     unknown = [a for a in attrs if a not in ATTRS.get(op, ())]
     _expect(not unknown, f"{where} ({op}): unknown attrs {', '.join(unknown)}")
+    _expect(isinstance(attrs.get("consume_pending", True), bool),
+            f"{where} ({op}): attrs.consume_pending must be true or false, got {attrs.get('consume_pending')!r}")
+    for group in WRITE_GROUPS if op == "write" else ():
+        present = [role for role in group if role in inputs]
+        _expect(len(present) in (0, len(group)), f"{where} ({op}): inputs {', '.join(group)} come together")
+    _expect(op != "write" or inputs, f"{where} ({op}): a write names no tensor")
     return Event(op, dict(inputs), dict(expected), dict(attrs))

@@ -244,7 +244,7 @@ def _drop_events(tape: Tape) -> Iterator[Tape]:
 
 
 def _drop_requests(tape: Tape) -> Iterator[Tape]:
-    slots = sorted({int(v) for s in tape.steps for v in s.inputs["state_indices"].tolist()})
+    slots = sorted({int(v) for s in tape.steps if s.batch for v in s.inputs["state_indices"].tolist()})
     for slot in [NULL_ID] + [s for s in slots if s > NULL_ID]:
         candidate = drop_request(tape, slot)
         if candidate is not tape:

@@ -9,7 +9,8 @@ the caller regenerates them (``traces.shrink``).
 Rows of a plan are positional: a plan or flush writes plan rows ``0..B-1`` and the defer and
 commit events after it read them by batch row. Such a run of events is one *row space*;
 removing batch row b removes it from every event of its space (and from the initial plan
-when the space starts before any plan). A verify is a row space of its own.
+when the space starts before any plan). A verify is a row space of its own; a ``write`` has
+no batch rows and belongs to none, and is cut like the buffers it writes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import torch
 from traces.schema import NULL_ID, PLAN_FIELDS
 from traces.tape import Step, Tape, rebased
 
-_SLOT_INPUTS = ("state_indices", "block_table")
-_ROW_INPUTS = ("record_indices", "record_rows")
+_SLOT_INPUTS = ("state_indices", "block_table", "slots")
+_ROW_INPUTS = ("record_indices", "record_rows", "rows")
 _BATCH_INPUTS = ("state_indices", "record_indices", "record_rows", "num_accepted", "num_computed", "eager",
                  "block_table")
 _ACTIVATIONS = ("q", "k", "v", "raw_g", "raw_beta")
@@ -48,6 +49,8 @@ def row_spaces(tape: Tape) -> list[list[int]]:
     readers: list[int] = []
     current = readers
     for i, s in enumerate(tape.steps):
+        if s.op == "write":
+            continue
         if s.op == "verify":
             spaces.append([i])
         elif s.op in ("plan", "flush"):
@@ -103,6 +106,13 @@ def keep_heads(tape: Tape, heads: list[int]) -> Tape:
         for role in _ACTIVATIONS:
             if role in inputs:
                 inputs[role] = inputs[role][:, :, idx]
+        for role in ("states", "records.correction", "records.key_gate"):  # a write's contents
+            if role in inputs:
+                inputs[role] = inputs[role][:, idx]
+        if "A_log" in inputs:
+            inputs["A_log"] = inputs["A_log"][idx]
+        if "dt_bias" in inputs:
+            inputs["dt_bias"] = inputs["dt_bias"][cols]
         steps.append(Step(s.op, inputs, {}, dict(s.attrs)))
     dims = type(tape.dims)(len(heads), K, tape.dims.V, tape.dims.T)
     return tape.with_steps(steps, dims=dims, params=params, initial=initial, final={})
@@ -111,14 +121,10 @@ def keep_heads(tape: Tape, heads: list[int]) -> Tape:
 def shorten_windows(tape: Tape, T: int) -> Tape:
     """Window length ``T`` (< the tape's): each verify row keeps its first ``T`` tokens,
     record buffers keep ``T`` positions, counts are clamped to ``T``."""
-    initial = dict(tape.initial)
-    for role in ("records.correction", "records.key_gate"):
-        initial[role] = initial[role][:, :, :T].contiguous()
-    for role in ("pending", "plan.commit_lens", "plan.boundary_recovery_lens"):
-        initial[role] = initial[role].clamp(max=T)
+    initial = _clamped_to_window(tape.initial, T)
     steps = []
     for s in tape.steps:
-        inputs = dict(s.inputs)
+        inputs = _clamped_to_window(s.inputs, T)
         if "query_start_loc" in inputs:
             lens = _lens(inputs["query_start_loc"])
             if s.op == "verify":
@@ -163,8 +169,27 @@ def compact(tape: Tape) -> Tape:
         for r in _ROW_INPUTS:
             if r in inputs:
                 inputs[r] = _remap(inputs[r], row_map, -1)
+        if "pending" in inputs:  # a write of the whole buffers, cut as the initial ones
+            inputs["pending"] = inputs["pending"][rows]
+        for f in PLAN_FIELDS:
+            if f"plan.{f}" in inputs:
+                col = inputs[f"plan.{f}"][:plan_rows]
+                inputs[f"plan.{f}"] = _remap(col, slot_map, NULL_ID) if "state_indices" in f else col
         out.append(Step(s.op, inputs, {}, dict(s.attrs)))
     return tape.with_steps(out, initial=initial, final={})
+
+
+def _clamped_to_window(tensors: dict[str, torch.Tensor], T: int) -> dict[str, torch.Tensor]:
+    """Buffers (initial ones, or a write's) for window length ``T``: records keep ``T``
+    positions, counts are clamped to ``T``."""
+    out = dict(tensors)
+    for role in ("records.correction", "records.key_gate"):
+        if role in out:
+            out[role] = out[role][:, :, :T].contiguous()
+    for role in ("pending", "plan.commit_lens", "plan.boundary_recovery_lens"):
+        if role in out:
+            out[role] = out[role].clamp(max=T)
+    return out
 
 
 def _remap(t: torch.Tensor, mapping: torch.Tensor, floor: int) -> torch.Tensor:

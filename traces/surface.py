@@ -69,7 +69,9 @@ class SurfaceImpl:
                                         state_indices, plan, record_indices=record_indices)
 
     def kda_recoverssm_flush(self, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices,
-                             record_rows, pending, plan) -> None:
+                             record_rows, pending, plan, consume_pending=True) -> None:
+        """The module's flush plan kernel, then kda's commit. The documented kernel leaves the
+        counts; ``consume_pending`` then zeroes those it planned, as kda's own flush does."""
         from kernels.contract import check_pending_args
 
         B = check_pending_args(state_indices, record_rows, pending, plan)
@@ -80,6 +82,9 @@ class SurfaceImpl:
                 state_indices.stride(0), records.correction.shape[2])
         self.kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
                                    record_indices=record_rows)
+        if consume_pending and B:
+            live = (state_indices[:B] > self.NULL_BLOCK_ID) & (record_rows[:B] >= 0)
+            pending[record_rows[:B][live].long()] = 0
 
 
 def op_routes(impl, name: str) -> dict[str, str]:

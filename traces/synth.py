@@ -12,9 +12,16 @@ deferred  verify, plan, defer, commit; records are indexed by request, so a requ
 mixed     like deferred, with eager rows (committed at once) and some stock steps
           (no defer); pending replays are flushed before those as well.
 
+Flushes follow the documented kernels' lifecycle (docs/design.md §7): the flush plan reads
+the pending counts and leaves them (``consume_pending`` false), the next defer overwrites
+the count of every row it defers, and only a request with a window still pending is
+flushed. A request admitted into a slot or record row that served another request before
+gets a prefill outside the kernels, recorded as a ``write`` event: a fresh state in its
+slot and, in the deferred modes, its record row's count reset (a slot used for the first
+time holds its initial state already).
+
 Expected results come from ``kernels.reference`` run on a float64 copy of the buffers,
-cast to the trace's dtypes. There is no prefill op: a recycled slot starts from the state
-its previous owner left in it.
+cast to the trace's dtypes.
 """
 
 from __future__ import annotations
@@ -86,6 +93,8 @@ class _Simulation:
         self.free_rows = list(range(self.num_rows))
         self.waiting = cfg.requests
         self.live: list[_Request] = []
+        self.used_slots: set[int] = set()
+        self.used_rows: set[int] = set()
 
     def buffers(self) -> dict[str, torch.Tensor]:
         return {
@@ -129,10 +138,27 @@ class _Simulation:
             row = self.free_rows.pop(int(self.rng.integers(len(self.free_rows))))
             self.live.append(_Request(slot, row, int(self.rng.integers(1, self.cfg.max_decode_steps + 1))))
             self.waiting -= 1
+            if slot in self.used_slots or row in self.used_rows:
+                self.prefill(slot, row)
+            self.used_slots.add(slot)
+            self.used_rows.add(row)
+
+    def prefill(self, slot: int, row: int) -> None:
+        """The engine's writes for a request admitted into a reused slot or record row: a
+        fresh state in its slot and, when records are indexed by request, no pending window
+        on its record row."""
+        d = self.dims
+        state = (torch.randn(d.H, d.V, d.K, generator=self.gen) * 0.5).to(self.state_dtype)
+        self.pool[slot] = state.to(torch.float64)
+        written = {"slots": torch.tensor([slot], dtype=torch.int32), "states": state[None]}
+        if self.cfg.mode != "stock":
+            self.pending[row] = 0
+            written["pending"] = self.pending.clone()
+        self.out.add_event("write", written)
 
     def retire(self) -> None:
         done = [r for r in self.live if r.steps_left <= 0]
-        if done and self.cfg.mode != "stock":
+        if self.cfg.mode != "stock":
             self.flush(done)  # before the slot is freed
         for r in done:
             self.live.remove(r)
@@ -240,18 +266,21 @@ class _Simulation:
         return self.keep({"slots": index, "states": self.pool[index.long()].to(self.state_dtype)}, big=True)
 
     def flush(self, reqs: list[_Request]) -> None:
-        """A flush event over ``reqs`` (padded), when any of them has a pending replay."""
-        if not any(r.pending > 0 for r in reqs):
+        """A flush event over those of ``reqs`` with a pending replay (padded), if any. The
+        counts stay in ``pending``: a request flushed once is not flushed again until its
+        next deferral (its count would fold the same window twice)."""
+        reqs = [r for r in reqs if r.pending > 0]
+        if not reqs:
             return
         rows, _ = self.padded(reqs)
         slots = self.index_column(rows, "slot")
         rec = self.index_column(rows, "record_row")
-        targets = [r.slot for r in reqs if r.pending > 0]
         ref.kda_recoverssm_flush(self.pool, self.records, self.A_log, self.dt_bias, self.lower_bound, slots, rec,
-                                 self.pending, self.plan)
-        expected = self.written(targets)
+                                 self.pending, self.plan, consume_pending=False)
+        expected = self.written([r.slot for r in reqs])
         if self.cfg.keep_expected != "none":
             expected["pending"] = self.pending
-        self.out.add_event("flush", {"state_indices": slots, "record_rows": rec}, expected)
+        self.out.add_event("flush", {"state_indices": slots, "record_rows": rec}, expected,
+                           {"consume_pending": False})
         for r in reqs:
             r.pending = 0

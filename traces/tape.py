@@ -12,7 +12,8 @@ the recording wherever it recorded something.
 
 ``event_call`` is the one place where an event becomes a kernel call: ``play``, the replay
 (``traces.replay``) and the trace bench (``traces.bench``) all run events through it, the
-last two on an opened trace's buffers (``trace_buffers``).
+last two on an opened trace's buffers (``trace_buffers``). A ``write`` event is applied by
+kda itself (``apply_write``), whatever the implementation.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class Step:
 
     @property
     def batch(self) -> int:
-        return self.inputs["state_indices"].shape[0]
+        """Batch rows of a kernel call; 0 for a ``write``."""
+        slots = self.inputs.get("state_indices")
+        return 0 if slots is None else slots.shape[0]
 
 
 @dataclass
@@ -147,8 +150,25 @@ def event_call(api, op: str, x: Mapping[str, torch.Tensor], attrs: Mapping[str, 
     if op == "commit":
         return lambda: api.kda_recoverssm_commit(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
                                                  bufs.plan, x.get("record_indices"))
+    if op == "write":
+        return lambda: apply_write(x, bufs)
+    keep = {} if attrs.get("consume_pending", True) else {"consume_pending": False}
     return lambda: api.kda_recoverssm_flush(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
-                                            x["record_rows"], bufs.pending, bufs.plan)
+                                            x["record_rows"], bufs.pending, bufs.plan, **keep)
+
+
+def apply_write(x: Mapping[str, torch.Tensor], bufs: Buffers) -> None:
+    """Set the buffer regions a ``write`` event names (``schema.INPUTS["write"]``) to its contents."""
+    dev = bufs.pool.device
+    if "slots" in x:
+        bufs.pool[x["slots"].long().to(dev)] = x["states"].to(dev)
+    if "rows" in x:
+        rows = x["rows"].long().to(dev)
+        bufs.records.correction[rows] = x["records.correction"].to(dev)
+        bufs.records.key_gate[rows] = x["records.key_gate"].to(dev)
+    for role, buf in {**bufs.as_roles(), "A_log": bufs.A_log, "dt_bias": bufs.dt_bias}.items():
+        if role in x and role not in ("records.correction", "records.key_gate"):
+            buf.copy_(x[role].to(dev))
 
 
 def call(api, step: Step, bufs: Buffers, tape: Tape, device: str):

@@ -110,6 +110,20 @@ class _Checker:
                              f"exceed {INT32_MAX} elements a tensor")
         if event.op == "plan":
             self.check_align(where, event, bound)
+        if event.op == "write":
+            self.check_distinct(where, event)
+
+    def check_distinct(self, where: str, event: Event) -> None:
+        """A write places each slot and record row once: two contents for one would leave the
+        result to the order of the copy."""
+        for role in ("slots", "rows"):
+            if role in event.inputs:
+                name = event.inputs[role]
+                v = self.source.load(name).to(torch.int64).reshape(-1)
+                values, counts = torch.unique(v, return_counts=True)
+                if (counts > 1).any():
+                    twice = int(values[counts > 1][0])
+                    raise TraceError(f"{where}: tensor '{name}' ({role}): {twice} appears more than once")
 
     def check_align(self, where: str, event: Event, bound: dict[str, int]) -> None:
         """Align mode: the plan reads block-table columns it derives from ``num_computed``
@@ -189,7 +203,8 @@ class _Checker:
             return
         n, r, T = self.fixed["N"], self.fixed["R"], self.fixed["T"]
         ranges = {"slot": (PAD_ID, n - 1, "slot"), "real_slot": (NULL_ID + 1, n - 1, "written slot"),
-                  "record_row": (PAD_ID, r - 1, "record row"), "count": (0, T, "count"),
+                  "record_row": (PAD_ID, r - 1, "record row"), "real_record_row": (0, r - 1, "record row"),
+                  "count": (0, T, "count"),
                   "nonneg": (0, None, "value")}
         if rule in ranges:
             lo, hi, what = ranges[rule]

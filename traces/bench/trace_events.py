@@ -1,4 +1,5 @@
-"""The trace runner: each recorded event of a trace timed from the buffers just before it.
+"""The trace runner: each recorded call of a trace timed from the buffers just before it
+(``write`` events are applied untimed).
 
 The buffers evolve under the implementation as in a replay, are restored to their contents
 just before the event before every sample, and a sample is one call. Bytes come from the
@@ -70,6 +71,11 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
             except (RuntimeError, ValueError, TypeError) as exc:
                 broken = f"trace set-up failed: {type(exc).__name__}: {exc}"
             for i, event in enumerate(trace.events):
+                if event.op == "write":  # the engine's own writes: applied, not timed
+                    if broken is None:
+                        x = {role: t.to(device) for role, t in trace.tensors(event.inputs).items()}
+                        st.call(event.op, x, event.attrs)()
+                    continue
                 host = {role: trace.tensor(name).tolist() for role, name in event.inputs.items() if role in index_roles}
                 row = Row(spec, event.op, len(host["state_indices"]), m.dims.T, mode, 1, 0, None, None, None, 0, 0,
                           event=i)

@@ -1,0 +1,111 @@
+"""What changed in a recording's buffers between its recorded calls (docs/recording.md).
+
+An engine writes the buffers outside the calls a recorder sees: a prefill into a reused
+slot, a prefix-cache copy, a reset record row or pending count, and every call that went
+unrecorded (an ``--ops`` filter, a CUDA-graph replay). A replay starts each call from what
+the trace says is in the buffers, so the trace must carry those writes too.
+
+``BufferWatch`` remembers, for every region a trace describes, what the trace says is
+there: a fingerprint per state slot and per record row (``fingerprint``), an exact copy of
+the small buffers (pending counts, plan columns, parameters). Before a recorded call the
+recorder asks which of the regions it will touch changed (``changed_rows``,
+``changed_whole``), on the buffers' device; after it, it notes what the call left there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_TEMP_BYTES = 64 * 2**20
+"""Bound on the int64 temporaries of one fingerprint pass (a K3 slot is 768 KiB of fp32)."""
+_SEED = 0x6B6461
+
+
+def fingerprint(rows: torch.Tensor) -> torch.Tensor:
+    """int64 ``[M]`` for a tensor ``[M, ...]``: per leading index, the sum mod 2^64 of the row's
+    bits read as words (int32 where the row's bytes allow, else int16 or bytes), each word
+    times a fixed odd random weight of its position. Any change of a single word changes
+    the sum (an odd weight times a non-zero word difference is non-zero mod 2^64); several
+    changes cancel out with probability about 2^-64. Computed on ``rows``' device."""
+    M = rows.shape[0]
+    flat = rows.detach().reshape(M, -1).contiguous()
+    words = _as_words(flat)
+    weights = _weights(words.shape[1], words.device)
+    out = torch.empty(M, dtype=torch.int64, device=words.device)
+    step = max(1, _TEMP_BYTES // max(1, 8 * words.shape[1]))
+    for start in range(0, M, step):
+        out[start:start + step] = (words[start:start + step].to(torch.int64) * weights).sum(1)
+    return out
+
+
+def _as_words(flat: torch.Tensor) -> torch.Tensor:
+    row_bytes = flat.shape[1] * flat.element_size()
+    as_bytes = flat.view(torch.uint8) if flat.shape[1] else flat.to(torch.uint8)
+    for dtype, size in ((torch.int32, 4), (torch.int16, 2)):
+        if row_bytes % size == 0:
+            return as_bytes.view(dtype)
+    return as_bytes
+
+
+_weight_cache: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    key = (n, str(device))
+    if key not in _weight_cache:
+        gen = torch.Generator().manual_seed(_SEED)
+        w = torch.randint(-2**62, 2**62, (n,), generator=gen, dtype=torch.int64) | 1
+        _weight_cache[key] = w.to(device)
+    return _weight_cache[key]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as integers of its own width, so that NaN compares equal to the same NaN."""
+    if not t.dtype.is_floating_point:
+        return t
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+class BufferWatch:
+    """What the trace says is in each region it has described (module docstring).
+
+    Regions by index are named by role (``checkpoint_state``, ``records.correction``,
+    ``records.key_gate``); small buffers by their role as a whole."""
+
+    def __init__(self):
+        self._prints: dict[str, torch.Tensor] = {}
+        self._known: dict[str, set[int]] = {}
+        self._copies: dict[str, torch.Tensor] = {}
+
+    def changed_rows(self, role: str, buf: torch.Tensor, indices: list[int]) -> list[int]:
+        """Those of ``indices`` (into ``buf``'s first axis) the trace has described whose
+        contents differ from what it says."""
+        known = self._known.get(role, set())
+        ask = [i for i in indices if i in known]
+        if not ask:
+            return []
+        index = torch.tensor(ask, dtype=torch.int64, device=buf.device)
+        differs = (fingerprint(buf[index]) != self._prints[role][index]).tolist()
+        return [i for i, d in zip(ask, differs) if d]
+
+    def note_rows(self, role: str, buf: torch.Tensor, indices: list[int]) -> None:
+        """The trace now says ``buf[indices]`` holds what it holds."""
+        if not indices:
+            return
+        if role not in self._prints:
+            self._prints[role] = torch.zeros(buf.shape[0], dtype=torch.int64, device=buf.device)
+            self._known[role] = set()
+        index = torch.tensor(indices, dtype=torch.int64, device=buf.device)
+        self._prints[role][index] = fingerprint(buf[index])
+        self._known[role].update(indices)
+
+    def changed_whole(self, role: str, buf: torch.Tensor) -> bool:
+        """Whether ``buf`` differs, bit for bit, from what the trace says (False before any note)."""
+        copy = self._copies.get(role)
+        return copy is not None and not torch.equal(_bits(buf), _bits(copy))
+
+    def note_whole(self, role: str, buf: torch.Tensor) -> None:
+        self._copies[role] = buf.detach().clone()
+
+
+__all__ = ["BufferWatch", "fingerprint"]
