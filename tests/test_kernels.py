@@ -848,10 +848,13 @@ def test_graphs_sharing_a_pool_replay_in_any_order(monkeypatch, device, design):
     order, both give the reference's results (key records written, pending counts consumed),
     and no counter set is kept from the captures."""
     use_designs(monkeypatch, flush_verify=design)
+    # torch hands out streams from a pool: one an earlier test warmed up may come back
+    monkeypatch.setattr(dependent_launch_module, "_row_counters", {})
     seed = fresh_seed()
     gen = random.Random(seed)
     flushes = [_PendingFlushVerify(device, seed + 2 * i, gen) for i in range(2)]
     capturing, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+    assert capturing != torch.cuda.current_stream()
     graphs = [torch.cuda.CUDAGraph() for _ in flushes]
     for graph, flush in zip(graphs, flushes):
         with torch.cuda.graph(graph, pool=pool, stream=capturing):
