@@ -14,7 +14,9 @@ from kernels.commit_row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.fold import recorded_corrections
 from kernels.launch import DOT_PRECISION, CommitConfig
-from kernels.triton_math import NULL_SLOT, fold_operand, record_key_inverse_norms, record_keys_and_gates
+from kernels.triton_math import (
+    NULL_SLOT, fold_operand, head_decay_rate, record_key_inverse_norms, record_keys_and_gates,
+)
 
 
 @triton.jit
@@ -60,7 +62,7 @@ def _commit_fold_in_tile_kernel(
         key_scale = record_key_inverse_norms(kg_rows, live, K, BK, BKK)
         U = recorded_corrections(correction_ptr + (first + offs_t[None, :]) * V + offs_v[:, None], offs_t, n,
                                  mask_v[:, None])
-        A_h = tl.exp(tl.load(A_log_ptr + h))
+        A_h = head_decay_rate(A_log_ptr, h)
         dt_bias_row = dt_bias_ptr + h * K
         source_rows = slot_tile(state_ptr, source, h, offs_v, H, V, K)
         final_rows = slot_tile(state_ptr, final, h, offs_v, H, V, K)

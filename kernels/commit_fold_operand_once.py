@@ -18,7 +18,7 @@ from kernels.commit_row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, CommitConfig
-from kernels.triton_math import NULL_SLOT, record_key_inverse_norms
+from kernels.triton_math import NULL_SLOT, head_decay_rate, record_key_inverse_norms
 
 
 @triton.jit
@@ -40,7 +40,7 @@ def _commit_fold_operand_kernel(
         offs_t = tl.arange(0, BT)
         kg_rows = key_gate_ptr + ((rec * H + h) * T + offs_t[:, None]) * (2 * K)
         dt_bias_row = dt_bias_ptr + h * K
-        A_h = tl.exp(tl.load(A_log_ptr + h))
+        A_h = head_decay_rate(A_log_ptr, h)
         pair = (b * H + h).to(tl.int64)
         key_inverse_norm = record_key_inverse_norms(kg_rows, offs_t < n, K, BK, BKK)  # recovery <= n
         store_fold_operand(kg_rows, n, key_inverse_norm, dt_bias_row, A_h, lower_bound,

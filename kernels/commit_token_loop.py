@@ -18,7 +18,7 @@ from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.flush_plan import planned_flush_count
 from kernels.fold import fold_recorded_token
 from kernels.launch import CommitConfig
-from kernels.triton_math import record_row
+from kernels.triton_math import head_decay_rate, record_row
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def _commit_token_loop_kernel(
         mask_vk = (offs_v < V)[:, None] & (offs_k < K)[None, :]
         tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
         S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
-        A_h = tl.exp(tl.load(A_log_ptr + h))
+        A_h = head_decay_rate(A_log_ptr, h)
         dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=offs_k < K, other=0.0)
         first = (rec * H + h) * T
         dtype = state_ptr.dtype.element_ty

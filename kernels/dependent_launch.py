@@ -17,7 +17,8 @@ an ordering. Without ``DEPENDENT`` both are no-ops.
 Counters (``row_counters``) elect, within one kernel, the last of a group of programs to
 arrive (``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid
 whose programs all read a buffer that one of them must then overwrite leaves the overwrite
-to the last reader, with no program waiting on another.
+to the last reader, with no program waiting on another. A set is kept per device and stream,
+never from inside a CUDA graph capture.
 
 ``KDA_DEPENDENT_LAUNCH=0`` in the environment turns it off (plain stream order).
 """
@@ -45,16 +46,26 @@ def dependent_launch(device: torch.device) -> dict[str, bool]:
 _row_counters: dict[tuple[str, int], torch.Tensor] = {}
 
 
-def row_counters(device: torch.device, rows: int) -> torch.Tensor:
-    """At least ``rows`` int32 counters for ``arrive``, zero between launches, one set per
+def row_counters(device: torch.device, rows: int, capturing: bool | None = None) -> torch.Tensor:
+    """At least ``rows`` int32 counters for ``arrive``, zero between launches, one set kept per
     device and stream: launches on one stream run one after another, so they never share a
-    counter in flight. Allocated (zeroed) on first use and
-    when a larger batch comes; kept for later launches."""
+    counter in flight. A stream's set is allocated (zeroed) on its first use and when a larger
+    batch comes, then kept for later launches.
+
+    ``capturing`` (default: whether the current stream is capturing a CUDA graph): while it
+    is, a stream with a large enough set uses it (the graph relies on it being zero, as every
+    launch leaves it); one without gets a set allocated and zeroed inside the graph, so zeroed
+    again at every replay, and not kept: its memory belongs to the graph's pool, and its
+    zeroing to the graph."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
-    counters = _row_counters.get(key)
-    if counters is None or counters.numel() < rows:
-        counters = torch.zeros(max(rows, 256), dtype=torch.int32, device=device)
+    kept = _row_counters.get(key)
+    if kept is not None and kept.numel() >= rows:
+        return kept
+    counters = torch.zeros(max(rows, 256), dtype=torch.int32, device=device)
+    if capturing is None:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing:
         _row_counters[key] = counters
     return counters
 

@@ -19,6 +19,18 @@ NORM_EPS = tl.constexpr(1e-6)
 
 
 @triton.jit
+def head_decay_rate(A_log_ptr, h):
+    """The head's decay rate ``A = exp(A_log[h])`` (float32 scalar; ``A_log`` is ``[H]`` float32)."""
+    return tl.exp(tl.load(A_log_ptr + h))
+
+
+@triton.jit
+def write_strength(raw_beta):
+    """``b_t = sigmoid(raw_beta_t)`` in float32, elementwise, of raw betas in any float dtype."""
+    return tl.sigmoid(raw_beta.to(tl.float32))
+
+
+@triton.jit
 def kda_log_decay(raw_g, dt_bias, A, lower_bound, HAS_LOWER_BOUND: tl.constexpr):
     """Log decay ``g`` (<= 0 for the gates KDA uses) of raw gates ``[..., BKK]``; ``dt_bias [BKK]``."""
     x = raw_g + dt_bias

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
-from kernels.triton_math import NULL_SLOT, record_row
+from kernels.triton_math import NULL_SLOT, head_decay_rate, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_mix,
     window_row, window_values,
@@ -60,7 +60,7 @@ def _verify_one_pass_kernel(
             offs_m = tl.arange(0, BM)
             beta = window_beta(beta_ptr, start, h, offs_m, offs_m < length, stride_beta_tok)
             values = window_values(v_ptr, start, length, h, offs_v, mask_v, stride_v_tok, V, BM)
-            A_h = tl.exp(tl.load(A_log_ptr + h))
+            A_h = head_decay_rate(A_log_ptr, h)
             sum_sq = tl.zeros((BM,), tl.float32)
             AC = tl.zeros((BM, BM), tl.float32)
             Y = tl.zeros((BV, BM), tl.float32)

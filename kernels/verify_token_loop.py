@@ -23,7 +23,8 @@ from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.fold import fold_recorded_token
 from kernels.launch import Target, VerifyConfig
 from kernels.triton_math import (
-    NULL_SLOT, record_row, recurrence_step, tile_column, tile_row, token_key_and_decay, token_queries, vector_entry,
+    NULL_SLOT, head_decay_rate, record_row, recurrence_step, tile_column, tile_row, token_key_and_decay, token_queries,
+    vector_entry, write_strength,
 )
 from kernels.verify_window import VerifyCall, store_corrections, store_outputs, window_row
 
@@ -93,7 +94,7 @@ def _verify_token_loop_kernel(
     if slot > NULL_SLOT:
         tile = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K + offs_k[None, :]
         S = tl.load(tile, mask=mask_v[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        A_h = tl.exp(tl.load(A_log_ptr + h))
+        A_h = head_decay_rate(A_log_ptr, h)
         dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=mask_k, other=0.0)
         offs_t = tl.arange(0, BT)
         window = start + offs_t[:, None]
@@ -106,8 +107,8 @@ def _verify_token_loop_kernel(
             q_window = tl.load(q_ptr + window * stride_q_tok + h * K + offs_k[None, :], mask=in_window, other=0.0)
             values_window = tl.load(v_ptr + (start + offs_t[None, :]) * stride_v_tok + h * V + offs_v[:, None],
                                     mask=mask_v[:, None] & (offs_t < length)[None, :], other=0.0).to(tl.float32)
-            betas = tl.sigmoid(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=offs_t < length,
-                                       other=0.0).to(tl.float32))
+            betas = write_strength(tl.load(beta_ptr + (start + offs_t) * stride_beta_tok + h, mask=offs_t < length,
+                                           other=0.0))
             keys, decays = token_key_and_decay(k_window, g_window, dt_bias[None, :], A_h, lower_bound,
                                                HAS_LOWER_BOUND)
             queries = token_queries(q_window, K)
@@ -144,7 +145,7 @@ def _verify_token_loop_kernel(
                 q_raw = tl.load(q_ptr + tok * stride_q_tok + h * K + offs_k, mask=live_k, other=0.0)
                 values = tl.load(v_ptr + tok * stride_v_tok + h * V + offs_v, mask=offs_v < tl.where(live, V, 0),
                                  other=0.0).to(tl.float32)
-                beta = tl.sigmoid(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0).to(tl.float32))
+                beta = write_strength(tl.load(beta_ptr + tok * stride_beta_tok + h, mask=live, other=0.0))
                 key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A_h, lower_bound, HAS_LOWER_BOUND)
                 query = token_queries(q_raw, K)
                 key_dot_query = tl.sum(key * query)

@@ -30,7 +30,7 @@ from kernels.dependent_launch import await_prior_grid, dependent_launch, start_t
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
-from kernels.triton_math import NULL_SLOT, record_key_inverse_norms, record_row
+from kernels.triton_math import NULL_SLOT, head_decay_rate, record_key_inverse_norms, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
     window_mix, window_row,
@@ -107,7 +107,7 @@ def _verify_key_side_kernel(
             if pending > 0:
                 pair = (b * H + h).to(tl.int64)
                 store_fold_operand(kg_rows, pending, record_key_inverse_norms(kg_rows, offs_t < pending, K, BK, BKK),
-                                   dt_bias_ptr + h * K, tl.exp(tl.load(A_log_ptr + h)), lower_bound,
+                                   dt_bias_ptr + h * K, head_decay_rate(A_log_ptr, h), lower_bound,
                                    fold_ptr + (pair * BT + offs_t[:, None]) * K, decay_ptr + pair * K, 0,
                                    K, BK, BKK, BT, HAS_LOWER_BOUND)
                 tl.debug_barrier()  # every lane has read the old records before any is overwritten
@@ -128,7 +128,7 @@ def _verify_key_side_kernel(
         live_m = offs_m < length
         operand_rows = operand_ptr + (pair * 2 * BT + offs_m[:, None]) * K
 
-        A_h = tl.exp(tl.load(A_log_ptr + h))
+        A_h = head_decay_rate(A_log_ptr, h)
         if not FLUSH:  # (flushing, a register held across the loop spills under the key side's cap)
             beta = window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
         sum_sq = tl.zeros((2 * BT,), tl.float32)

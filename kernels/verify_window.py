@@ -33,7 +33,9 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import KDARecoverSSMRecords
-from kernels.triton_math import inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates
+from kernels.triton_math import (
+    inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates, write_strength,
+)
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,9 @@ def load_window_block(k_rows, g_rows, q_rows, dt_bias_row, offs_k, live, K: tl.c
 
 @triton.jit
 def window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok):
-    """``sigmoid`` of the raw betas of tokens ``offs_m`` of head ``h`` (0 where ``live_m`` is false)."""
+    """``write_strength`` of the raw betas of tokens ``offs_m`` of head ``h`` (0 where ``live_m`` is false)."""
     beta = tl.load(beta_ptr + (start + offs_m) * stride_beta_tok + h, mask=live_m, other=0.0)
-    return tl.where(live_m, tl.sigmoid(beta.to(tl.float32)), 0.0)
+    return tl.where(live_m, write_strength(beta), 0.0)
 
 
 @triton.jit

@@ -209,12 +209,19 @@ def check_window_results(p: Problem, out, out64, records, records64, before_reco
     assert same_bits(records.key_gate, expected_kg), "key/gate records are not bit copies of the inputs"
 
 
+PLAN_COLUMNS = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")
+
+
+def check_plans(plan: CommitPlan, plan64: CommitPlan, B: int) -> None:
+    """Every column of the two plans is equal in its first ``B`` rows."""
+    for name in PLAN_COLUMNS:
+        assert torch.equal(getattr(plan, name)[:B], getattr(plan64, name)[:B]), name
+
+
 def plan_both(p: Problem, plan: CommitPlan, plan64: CommitPlan, accepted: torch.Tensor, **align) -> None:
     kernels.kda_recoverssm_plan(plan, accepted, p.query_start_loc, p.state_indices, p.T, **align)
     ref.kda_recoverssm_plan(plan64, accepted, p.query_start_loc, p.state_indices, p.T, **align)
-    B = p.batch
-    for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
-        assert torch.equal(getattr(plan, name)[:B], getattr(plan64, name)[:B]), name
+    check_plans(plan, plan64, p.batch)
 
 
 def check_states(p: Problem, state, state64, before, rounds: int) -> None:
@@ -413,8 +420,7 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
             p.query_start_loc, p.state_indices, T, rows, pending64, plan64,
             out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
         assert torch.equal(pending, pending64), "pending counts differ after the flush"
-        for field in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
-            assert torch.equal(getattr(plan, field)[:p.batch], getattr(plan64, field)[:p.batch]), field
+        check_plans(plan, plan64, p.batch)
         check_states(p, state, state64, before, rounds)
         check_window_results(p, out, out64, records, records64, before_records, rounds)
 
@@ -470,8 +476,7 @@ def test_defer_and_flush_plan_span_several_programs(device):
         deferred = (pending.tolist(), plan.commit_lens.tolist())
         flush_plan = CommitPlan.allocate(B, device)
         prepare_flush_plan(flush_plan, slots, rows, pending, T, True)
-        seen.append((deferred, pending.tolist(), [getattr(flush_plan, name).tolist() for name in
-                    ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")]))
+        seen.append((deferred, pending.tolist(), [getattr(flush_plan, name).tolist() for name in PLAN_COLUMNS]))
     assert seen[0] == seen[1]
     assert seen[0][0][0] != pending_before.tolist(), "defer changed no pending count"
 
@@ -710,6 +715,22 @@ def test_dependent_launch_only_on_cuda(monkeypatch):
         assert dependent_launch(torch.device("cuda")) == {"DEPENDENT": False, "launch_pdl": False}
 
 
+def test_row_counters_are_kept_per_stream_never_from_a_capture(monkeypatch):
+    """A stream's counter set is kept from an eager call and used again, inside a capture
+    too; a capture on a stream without a set large enough gets a fresh zeroed one, not kept."""
+    monkeypatch.setattr(dependent_launch_module, "_row_counters", {})
+    cpu = torch.device("cpu")
+    captured = row_counters(cpu, 300, capturing=True)
+    assert captured.numel() >= 300 and int(captured.abs().sum()) == 0
+    assert not dependent_launch_module._row_counters, "a set was kept from a capture"
+    assert row_counters(cpu, 5, capturing=True) is not captured
+    kept = row_counters(cpu, 300, capturing=False)
+    assert kept is not captured and row_counters(cpu, 5) is kept
+    assert row_counters(cpu, 300, capturing=True) is kept  # a warmed-up stream's set, in its captures
+    larger = row_counters(cpu, 4 * kept.numel(), capturing=True)
+    assert larger.numel() >= 4 * kept.numel() and row_counters(cpu, 5) is kept
+
+
 def test_hopper_features_follow_the_device(monkeypatch):
     """Dependent launch: CUDA sm_90 and later only, whatever the device's index."""
     assert not is_hopper_or_later(torch.device("cpu"))
@@ -764,5 +785,88 @@ def test_dependent_launch_keeps_stream_order(monkeypatch, batch):
     for plain, dep, graph in zip(ordered, eager, graphed):
         assert same_bits(dep, plain) and same_bits(graph, plain)
     counters = [c for (device, _), c in dependent_launch_module._row_counters.items() if device.startswith("cuda")]
-    assert batch != 3 or len(counters) >= 2  # the flushing token loop's, eager and captured
+    assert batch != 3 or counters  # the flushing token loop's, kept from the eager steps (a capture keeps none)
     assert all(int(c.abs().sum()) == 0 for c in counters)
+
+
+class _PendingFlushVerify:
+    """A flushing verify with records pending (after an eager deferred step on the current
+    stream, which also compiles its kernels), its reference results, and what its buffers
+    held before it: ``run`` launches it, ``restore`` puts the buffers back, ``check``
+    compares them with the reference."""
+
+    def __init__(self, device: str, seed: int, gen: random.Random):
+        p = make_problem(device, H=2, K=64, V=32, T=8, act=torch.bfloat16, state_dtype=torch.float32,
+                         lower_bound=-5.0, seed=seed)
+        self.p, self.rows = p, p.record_rows()
+        state64, records64, self.pending, pending64, self.plan, plan64 = deferred_buffers(p, self.rows, device)
+        for impl, state, records, pending, plan, dtype in ((kernels, p.state, p.records, self.pending, self.plan, None),
+                                                           (ref, state64, records64, pending64, plan64, torch.float64)):
+            impl.kda_recoverssm_flush_verify(*p.activations(dtype), p.A_log, p.dt_bias, p.lower_bound, state, records,
+                                             p.query_start_loc, p.state_indices, p.T, self.rows, pending, plan)
+        plan_both(p, self.plan, plan64, random_accepted(p, gen))
+        kernels.kda_recoverssm_defer(self.plan, p.state_indices, self.rows, self.pending)
+        ref.kda_recoverssm_defer(plan64, p.state_indices, self.rows, pending64)
+        assert int(self.pending[self.rows].clamp(min=0).sum()) > 0, "nothing pending to fold"
+        fresh = make_problem(device, H=2, K=64, V=32, T=8, act=torch.bfloat16, state_dtype=torch.float32,
+                             lower_bound=-5.0, seed=seed + 1)
+        p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
+        self.out = torch.full_like(p.v, float("nan"))
+        self.buffers = (p.state, p.records.correction, p.records.key_gate, self.pending, self.out,
+                        *(getattr(self.plan, name) for name in PLAN_COLUMNS))
+        self.before = [t.clone() for t in self.buffers]
+        self.out64 = ref.kda_recoverssm_flush_verify(
+            *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
+            p.query_start_loc, p.state_indices, p.T, self.rows, pending64, plan64,
+            out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
+        self.state64, self.records64, self.pending64, self.plan64 = state64, records64, pending64, plan64
+
+    def run(self) -> None:
+        p = self.p
+        kernels.kda_recoverssm_flush_verify(*p.activations(), p.A_log, p.dt_bias, p.lower_bound, p.state, p.records,
+                                            p.query_start_loc, p.state_indices, p.T, self.rows, self.pending,
+                                            self.plan, out=self.out)
+
+    def restore(self) -> None:
+        for buffer, before in zip(self.buffers, self.before):
+            buffer.copy_(before)
+
+    def check(self) -> None:
+        p = self.p
+        assert torch.equal(self.pending, self.pending64), "pending counts not consumed as the reference's"
+        check_plans(self.plan, self.plan64, p.batch)
+        check_states(p, p.state, self.state64, self.before[0], 2)
+        check_window_results(p, self.out, self.out64, p.records, self.records64, tuple(self.before[1:3]), 2)
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("design", ["token-loop-at-once", "token-loop-token-by-token"])
+def test_graphs_sharing_a_pool_replay_in_any_order(monkeypatch, device, design):
+    """Two flushing verifies (token loops: counters elect each group's last program) captured
+    as two CUDA graphs sharing one memory pool, on a stream that never ran one eagerly, so
+    that each capture gets its own counters, zeroed inside its graph: replayed in either
+    order, both give the reference's results (key records written, pending counts consumed),
+    and no counter set is kept from the captures."""
+    use_designs(monkeypatch, flush_verify=design)
+    # torch hands out streams from a pool: one an earlier test warmed up may come back
+    monkeypatch.setattr(dependent_launch_module, "_row_counters", {})
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    flushes = [_PendingFlushVerify(device, seed + 2 * i, gen) for i in range(2)]
+    capturing, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+    assert capturing != torch.cuda.current_stream()
+    graphs = [torch.cuda.CUDAGraph() for _ in flushes]
+    for graph, flush in zip(graphs, flushes):
+        with torch.cuda.graph(graph, pool=pool, stream=capturing):
+            flush.run()
+    torch.cuda.synchronize()
+    assert all(stream != capturing.cuda_stream for _, stream in dependent_launch_module._row_counters), \
+        "a counter set was kept from a capture"
+    for order in ((0, 1), (1, 0)):
+        for flush in flushes:
+            flush.restore()
+        for i in order:
+            graphs[i].replay()
+        torch.cuda.synchronize()
+        for flush in flushes:
+            flush.check()
