@@ -60,7 +60,7 @@ def run_engine(api, seed: int, steps: int = 6, device: str = "cpu", consume_pend
                 r.pending = False
 
     for _ in range(steps):
-        while free_slots and free_rows and len(live) < BATCH - 1 and rng.random() < 0.6:
+        while free_slots and free_rows and len(live) < BATCH - 1 and (not live or rng.random() < 0.6):
             slot, row = free_slots.pop(rng.randrange(len(free_slots))), free_rows.pop(rng.randrange(len(free_rows)))
             donor = [r.slot for r in live]
             if donor and rng.random() < 0.3:  # a prefix-cache hit: the state copied from another slot
