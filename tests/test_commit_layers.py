@@ -129,9 +129,20 @@ def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None,
     return Batch(as_int32(per_request), as_int32(sources), as_int32(qsl), as_int32(requests), lengths, align)
 
 
-def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int) -> None:
+def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
+    """Commit ``batch`` through both contexts and compare every buffer; with ``capture``, the
+    kernels' commit is captured in a CUDA graph (after a call of the same shapes that commits
+    nothing, which compiles the kernels) and replayed."""
     before = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
-    ctx.commit(**batch.args())
+    if capture:
+        ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ctx.commit(**batch.args())
+        graph.replay()
+    else:
+        ctx.commit(**batch.args())
     ref_ctx.commit(**batch.args())
     B = batch.state_indices.shape[0]
     for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
@@ -154,7 +165,8 @@ def state_matches(actual: torch.Tensor, expected: torch.Tensor, rounds: int) -> 
     return rel_rmse(actual, expected) <= 1e-2  # bf16 roundings of the first round propagate
 
 
-def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lower_bound, dim=24, history=3):
+def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lower_bound, dim=24, history=3,
+                   capture=False):
     seed = fresh_seed()
     rng = random.Random(seed)
     B = T + 5
@@ -172,7 +184,7 @@ def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lo
     for round_ in (1, 2):
         batch = make_batch(device, T, slots, align_slots, block_size=T + round_ - 1, rng=rng)
         fill_sources(model, batch, T, fill_state=round_ == 1)
-        check_round(ctx, ref_ctx, model, batch, round_)
+        check_round(ctx, ref_ctx, model, batch, round_, capture)
 
 
 CASES = [
@@ -198,6 +210,15 @@ def test_two_rounds_match_reference(device, monkeypatch, design, L, state_dtype,
 def test_kimi_k3_shapes(device, align, T):
     run_two_rounds(device, L=4, H=12, K=128, V=128, T=T, state_dtype=torch.float32, align=align,
                    conv_dim_first=True, lower_bound=-5.0, dim=3 * 12 * 128, history=3)
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("design", kernels.launch.DESIGNS["commit-layers"])
+def test_a_commit_captured_in_a_cuda_graph_replays_it(device, monkeypatch, design):
+    """No host work, no allocation: the whole commit of every layer replays from a graph."""
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, f"commit-layers={design}")
+    run_two_rounds(device, L=3, H=12, K=128, V=128, T=4, state_dtype=torch.float32, align=True,
+                   conv_dim_first=False, lower_bound=-5.0, capture=True)
 
 
 def test_one_launch_until_a_layer_streams():
