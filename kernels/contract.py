@@ -205,7 +205,8 @@ def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, 
 def check_layer_buffers(layers) -> None:
     """Check several layers' commit buffers (``LayerBuffers``): each a valid pool, records and
     gate of one shape, and every layer's like the first's in shape, dtype and device (a
-    kernel reads them all through one set of element types)."""
+    kernel reads them all through one set of element types); no two layers' state or records
+    start at one address (a commit would fold them twice)."""
     _require(len(layers) >= 1, "layers", "expected at least one layer")
     first = layers[0]
     for i, layer in enumerate(layers):
@@ -220,6 +221,11 @@ def check_layer_buffers(layers) -> None:
             _require(t.shape == t0.shape and t.dtype == t0.dtype and t.device == t0.device, f"layers[{i}].{name}",
                      f"expected {tuple(t0.shape)} {t0.dtype} on {t0.device} like layers[0], "
                      f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+        for name in ("checkpoint_state", "records.correction", "records.key_gate"):
+            start = _attribute(layer, name).data_ptr()
+            earlier = [j for j in range(i) if _attribute(layers[j], name).data_ptr() == start]
+            _require(not earlier, f"layers[{i}].{name}",
+                     f"starts where layers[{earlier[0] if earlier else 0}]'s does: each layer needs buffers of its own")
 
 
 def _attribute(obj, dotted: str):

@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 
-_BLOCK_DIM = 128
+_BLOCK_DIM = 512  # channels a program: at K3 (4608 channels) 9 programs a row and layer, each 3-6 KiB
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,18 @@ def test_create_names_the_bad_layer(device, changes, message):
         KDARecoverSSMCommitContext.create(_context(device, **changes), spec_query_len=2, max_num_reqs=4)
 
 
+def test_create_takes_tuples_and_refuses_shared_buffers(device):
+    layers = _context(device)
+    from_tuples = KDARecoverSSMCommitContext.create([tuple(vars(layer).values()) for layer in layers],
+                                                    spec_query_len=2, max_num_reqs=4)
+    assert torch.equal(from_tuples.tables.state, KDARecoverSSMCommitContext.create(
+        layers, spec_query_len=2, max_num_reqs=4).tables.state)
+    conv, _, correction, key_gate = layers[1].kv_cache
+    layers[1] = CommitLayer((conv, layers[0].kv_cache[1], correction, key_gate), *list(vars(layers[1]).values())[1:])
+    with pytest.raises(ValueError, match=r"layers\[1\]\.checkpoint_state: starts where layers\[0\]'s does"):
+        KDARecoverSSMCommitContext.create(layers, spec_query_len=2, max_num_reqs=4)
+
+
 def test_create_refuses_layers_that_differ(device):
     layers = _context(device)
     conv, state, correction, key_gate = layers[1].kv_cache
