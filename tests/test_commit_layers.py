@@ -2,8 +2,9 @@
 reference (``kernels.reference_context``): plan, conv-state compaction and state commit.
 
 Each batch has every kind of row: full windows taking every accept length 0..T, a partial
-window, a null slot with tokens, CUDA-graph padding; accepted counts are read through a
-shuffled ``request_indices``. Every slot, record row and conv entry the batch does not name
+window, a null slot with tokens, CUDA-graph padding; in the first of two rounds the
+accepted counts (and align mode's block table and computed counts) are read through a
+shuffled ``request_indices``, in the second in row order. Every slot, record row and conv entry the batch does not name
 holds NaN and must keep its bits; records are never written.
 """
 
@@ -36,7 +37,7 @@ class Batch:
     num_accepted: torch.Tensor
     state_indices: torch.Tensor
     query_start_loc: torch.Tensor
-    request_indices: torch.Tensor
+    request_indices: torch.Tensor | None
     lengths: list[int]
     align: dict
 
@@ -98,15 +99,18 @@ def fill_sources(model: Model, batch: Batch, T: int, fill_state: bool) -> None:
 
 
 def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None, block_size: int,
-               rng: random.Random) -> Batch:
+               rng: random.Random, by_request: bool) -> Batch:
     """Rows 0..T: full windows with accept lengths T, then 0..T-1 shuffled; a partial window;
-    a null slot with tokens; two padding rows. ``slots`` gives the real rows' sources, in order."""
+    a null slot with tokens; two padding rows. ``slots`` gives the real rows' sources, in order.
+    ``by_request``: per-request tensors in a shuffled order read through ``request_indices``,
+    else in row order without it."""
     accepted = [T, *rng.sample(range(T), T), rng.randint(0, T + 2), T, 0, 0]
     lengths = [T] * (T + 1) + [max(1, T - 1), T, 0, 0]
     sources = [*slots[:T + 2], 0, -1, -1]
     B = len(lengths)
     requests = list(range(B + 2))
-    rng.shuffle(requests)
+    if by_request:
+        rng.shuffle(requests)
     per_request = [rng.randint(-1, T + 3) for _ in range(B + 2)]
     for b in range(B):
         per_request[requests[b]] = accepted[b]
@@ -126,7 +130,8 @@ def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None,
                      num_computed_tokens=torch.tensor(computed, dtype=torch.int32, device=device),
                      mamba_block_size=block_size)
     as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
-    return Batch(as_int32(per_request), as_int32(sources), as_int32(qsl), as_int32(requests), lengths, align)
+    return Batch(as_int32(per_request), as_int32(sources), as_int32(qsl), as_int32(requests) if by_request else None,
+                 lengths, align)
 
 
 def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
@@ -181,8 +186,8 @@ def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lo
                                             conv_dim_first=conv_dim_first)
     ref_ctx = ReferenceCommitContext.create(model.layers64, spec_query_len=T, max_num_reqs=B + 1,
                                             conv_dim_first=conv_dim_first)
-    for round_ in (1, 2):
-        batch = make_batch(device, T, slots, align_slots, block_size=T + round_ - 1, rng=rng)
+    for round_ in (1, 2):  # the second without request_indices
+        batch = make_batch(device, T, slots, align_slots, block_size=T + round_ - 1, rng=rng, by_request=round_ == 1)
         fill_sources(model, batch, T, fill_state=round_ == 1)
         check_round(ctx, ref_ctx, model, batch, round_, capture)
 
