@@ -128,7 +128,8 @@ class Workload:
         self.layers = layers
         self.models = [self.sets[g:g + layers] for g in range(0, n_sets - layers + 1, layers)]
         self.layer_tables = []
-        if layers > 1 and hasattr(impl, "kda_recoverssm_commit_layers"):
+        if layers > 1 and all(hasattr(impl, name) for name in
+                              ("kda_recoverssm_commit_layers", "LayerBuffers", "LayerTables")):
             span = 1 + (n_sets - layers + 1) * B  # the slots every layer's view holds
             self.layer_tables = [impl.LayerTables.of(
                 impl.LayerBuffers(self.pool[j * B:j * B + span], d["records"], self.A_log, self.dt_bias)
