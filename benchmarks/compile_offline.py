@@ -2,7 +2,7 @@
 
 usage: python3 benchmarks/compile_offline.py [--resources]
 
-Runs the public API on CPU tensors at the k3-tp8 shape (H=12, K=V=128, bf16 activations),
+Runs the public API and the commit context on CPU tensors at the k3-tp8 shape (H=12, K=V=128, bf16 activations),
 each design forced in turn through ``KDA_DESIGN``, with the launch choices an H200 gets
 (``kernels.launch.H200``, dependent launch on) and Triton's launch replaced by a compile for
 ``cuda:90`` of the arguments as the runtime would specialise them: a change that breaks the
@@ -102,6 +102,27 @@ def run_ops(T: int, state_dtype: torch.dtype, lower_bound: float | None, with_re
                                         p.query_start_loc, p.state_indices, T, p.record_rows(), pending, plan)
 
 
+def run_context(T: int, state_dtype: torch.dtype, lower_bound: float | None) -> None:
+    """The commit context of two k3-tp8 layers once in stock and once in align mode: the
+    plan, the conv compaction and the state commit of every layer."""
+    from kernels.commit_context import CommitLayer
+
+    N, B, H, K, T_conv = 8, 4, 12, 128, 4
+
+    def layer() -> CommitLayer:
+        kv = (torch.zeros(N, 3 * H * K, T_conv - 1 + T - 1, dtype=torch.bfloat16),
+              torch.zeros(N, H, K, K, dtype=state_dtype), torch.zeros(N, H, T, K),
+              torch.zeros(N, H, T, 2 * K, dtype=torch.bfloat16))
+        return CommitLayer(kv, torch.zeros(H), torch.zeros(H * K), H, K, lower_bound)
+
+    context = kernels.KDARecoverSSMCommitContext.create([layer(), layer()], spec_query_len=T, max_num_reqs=B)
+    index = torch.arange(1, B + 1, dtype=torch.int32)
+    qsl = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+    context.commit(index, index, qsl)
+    context.commit(index, index, qsl, request_indices=index - 1, block_table=index[:, None].repeat(1, 3),
+                   num_computed_tokens=index, mamba_block_size=T)
+
+
 def main() -> None:
     for designs in DESIGN_SETS:
         os.environ[launch.DESIGN_ENV] = ",".join(f"{op}={design}" for op, design in designs.items())
@@ -109,6 +130,7 @@ def main() -> None:
                                                       (8, torch.bfloat16, None, False)):
             print(f"{os.environ[launch.DESIGN_ENV]} T={T} state={state_dtype} lower_bound={lower_bound}", flush=True)
             run_ops(T, state_dtype, lower_bound, with_rec)
+            run_context(T, state_dtype, lower_bound)
     print(f"{len(_compiled)} kernel specialisations compiled for sm_90")
 
 

@@ -11,10 +11,20 @@ The public API (the same names in ``kernels.reference``)::
     kda_recoverssm_flush    fold and consume every pending count
     kda_recoverssm_flush_verify
                             flush, then verify from the flushed state, in one pass over it
+
+Beyond that API (``kernels`` only, docs/design.md §10)::
+
+    kda_recoverssm_commit_layers
+                            one plan committed into every layer of ``LayerTables``
+    KDARecoverSSMCommitContext
+                            the engine's commit of every layer: plan, conv state, state
+                            (float64 reference: ``kernels.reference_context``)
 """
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords, allocate_records
 from kernels.commit import kda_recoverssm_commit
+from kernels.commit_context import KDARecoverSSMCommitContext
+from kernels.commit_layers import LayerBuffers, LayerTables, kda_recoverssm_commit_layers
 from kernels.plan import (
     _defer_commit_kernel,
     _prepare_flush_plan_kernel,
@@ -30,4 +40,5 @@ __all__ = [
     "kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_plan_deferred",
     "kda_recoverssm_commit",
     "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "_defer_commit_kernel", "_prepare_flush_plan_kernel",
+    "kda_recoverssm_commit_layers", "LayerBuffers", "LayerTables", "KDARecoverSSMCommitContext",
 ]

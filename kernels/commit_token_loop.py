@@ -60,28 +60,42 @@ def _commit_token_loop_kernel(
             plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
         read_count = n
     if folds:
-        offs_v = pid_v * BV + tl.arange(0, BV)
-        offs_k = tl.arange(0, BK)
-        mask_vk = (offs_v < V)[:, None] & (offs_k < K)[None, :]
-        tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
-        S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
-        A_h = head_decay_rate(A_log_ptr, h)
-        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=offs_k < K, other=0.0)
-        first = (rec * H + h) * T
-        dtype = state_ptr.dtype.element_ty
-        if has_boundary:
-            S_boundary = S
-            for t in tl.static_range(T):
-                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
-                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
-                S_boundary = tl.where(recovery == t + 1, S, S_boundary)
-            tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
-        else:
-            for t in tl.static_range(T):
-                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
-                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
-        tl.store(state_ptr + final * (H * V * K) + tile, S.to(dtype),
-                 mask=(offs_v < V)[:, None] & (offs_k < tl.where(has_final, K, 0))[None, :])
+        fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
+                       read_count, source, final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV,
+                       HAS_LOWER_BOUND)
+
+
+@triton.jit
+def fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
+                   read_count, source, final, has_final, boundary, has_boundary, recovery, H: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   HAS_LOWER_BOUND: tl.constexpr):
+    """One row's fold on V-tile ``pid_v`` of head ``h``: the ``[BV, BK]`` tile of slot ``source``
+    folded through the first ``n`` records of record row ``rec`` (``read_count`` of them read),
+    stored to ``final`` where ``has_final``, and after ``recovery`` records to ``boundary``
+    where ``has_boundary``. Pointers are a layer's own buffers (``commit_row`` gives the rest)."""
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, BK)
+    mask_vk = (offs_v < V)[:, None] & (offs_k < K)[None, :]
+    tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
+    S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
+    A_h = head_decay_rate(A_log_ptr, h)
+    dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=offs_k < K, other=0.0)
+    first = (rec * H + h) * T
+    dtype = state_ptr.dtype.element_ty
+    if has_boundary:
+        S_boundary = S
+        for t in tl.static_range(T):
+            S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                    offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+            S_boundary = tl.where(recovery == t + 1, S, S_boundary)
+        tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
+    else:
+        for t in tl.static_range(T):
+            S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                    offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+    tl.store(state_ptr + final * (H * V * K) + tile, S.to(dtype),
+             mask=(offs_v < V)[:, None] & (offs_k < tl.where(has_final, K, 0))[None, :])
 
 
 def launch_token_loop(call: CommitCall, cfg: CommitConfig) -> None:

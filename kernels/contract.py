@@ -202,6 +202,38 @@ def check_commit_args(checkpoint_state, records, A_log, dt_bias, state_indices, 
     return batch, heads, kdim, vdim
 
 
+def check_layer_buffers(layers) -> None:
+    """Check several layers' commit buffers (``LayerBuffers``): each a valid pool, records and
+    gate of one shape, and every layer's like the first's in shape, dtype and device (a
+    kernel reads them all through one set of element types); no two layers' state or records
+    start at one address (a commit would fold them twice)."""
+    _require(len(layers) >= 1, "layers", "expected at least one layer")
+    first = layers[0]
+    for i, layer in enumerate(layers):
+        _require(all(hasattr(layer, name) for name in ("checkpoint_state", "records", "A_log", "dt_bias")),
+                 f"layers[{i}]", "expected checkpoint_state, records, A_log and dt_bias")
+        check_state_pool(layer.checkpoint_state, None, None, None)
+        _, heads, vdim, kdim = layer.checkpoint_state.shape
+        check_records(layer.records, heads, layer.records.spec_query_len, kdim, vdim, None)
+        check_gate_params(layer.A_log, layer.dt_bias, heads, kdim)
+        for name in ("checkpoint_state", "records.correction", "records.key_gate", "A_log", "dt_bias"):
+            t, t0 = _attribute(layer, name), _attribute(first, name)
+            _require(t.shape == t0.shape and t.dtype == t0.dtype and t.device == t0.device, f"layers[{i}].{name}",
+                     f"expected {tuple(t0.shape)} {t0.dtype} on {t0.device} like layers[0], "
+                     f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+        for name in ("checkpoint_state", "records.correction", "records.key_gate"):
+            start = _attribute(layer, name).data_ptr()
+            earlier = [j for j in range(i) if _attribute(layers[j], name).data_ptr() == start]
+            _require(not earlier, f"layers[{i}].{name}",
+                     f"starts where layers[{earlier[0] if earlier else 0}]'s does: each layer needs buffers of its own")
+
+
+def _attribute(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan) -> None:
     """Check both halves of a flush (its plan, then its commit of ``record_rows``) before the
     plan consumes any count."""
@@ -257,5 +289,84 @@ def check_pending_args(state_indices, record_rows, pending, plan, eager=None, re
                  f"expected a [{batch}] bool or integer tensor")
         _require(eager.numel() <= 1 or eager.stride(0) == 1, "eager", "expected a contiguous tensor")
         named.append(("eager", eager))
+    check_same_device(named)
+    return batch
+
+
+def check_context_layers(layers, spec_query_len, max_num_reqs, conv_dim_first: bool) -> None:
+    """Check the layers of a commit context (``CommitLayer``s, docs/design.md §10): the four
+    buffers of ``kv_cache``, records per slot, the declared heads and head size, one lower
+    bound, conv states of one shape with at least one history entry. The buffers' agreement
+    across layers is ``check_layer_buffers``'s, which ``LayerTables.of`` runs."""
+    _require(isinstance(spec_query_len, int) and spec_query_len >= 1, "spec_query_len",
+             f"expected a positive int, got {spec_query_len!r}")
+    _require(isinstance(max_num_reqs, int) and max_num_reqs >= 1, "max_num_reqs",
+             f"expected a positive int, got {max_num_reqs!r}")
+    _require(len(layers) >= 1, "layers", "expected at least one layer")
+    for i, layer in enumerate(layers):
+        name = f"layers[{i}]"
+        kv = layer.kv_cache
+        _require(isinstance(kv, (tuple, list)) and len(kv) == 4 and all(isinstance(t, torch.Tensor) for t in kv),
+                 f"{name}.kv_cache", "expected (conv_state, checkpoint_state, correction, key_gate) tensors")
+        conv, state, correction, key_gate = kv
+        check_state_pool(state, None, None, None)
+        slots, heads, vdim, kdim = state.shape
+        _require((layer.local_num_heads, layer.head_dim) == (heads, kdim), name,
+                 f"local_num_heads={layer.local_num_heads}, head_dim={layer.head_dim} do not match its "
+                 f"checkpoint [N, H, V, K] = {tuple(state.shape)}")
+        _require(correction.dim() == 4 and correction.shape[0] == slots, f"{name}.kv_cache[2]",
+                 f"expected a record row per slot, [{slots}, {heads}, {spec_query_len}, {vdim}], "
+                 f"got {tuple(correction.shape)}")
+        _require(correction.shape[2] == spec_query_len, f"{name}.kv_cache[2]",
+                 f"expected {spec_query_len} tokens a row (spec_query_len), got shape {tuple(correction.shape)}")
+        _require(layer.gate_lower_bound == layers[0].gate_lower_bound, f"{name}.gate_lower_bound",
+                 f"{layer.gate_lower_bound} differs from layers[0]'s {layers[0].gate_lower_bound}")
+        _require(conv.dim() == 3 and conv.shape[0] == slots, f"{name}.kv_cache[0]",
+                 f"expected a conv state per slot, [{slots}, dim, S] or [{slots}, S, dim], got {tuple(conv.shape)}")
+        history = conv.shape[2 if conv_dim_first else 1] - spec_query_len + 1
+        _require(history >= 1, f"{name}.kv_cache[0]",
+                 f"its {history + spec_query_len - 1} entries a channel hold no history before a window of "
+                 f"{spec_query_len} (conv_dim_first={conv_dim_first})")
+        first_conv = layers[0].kv_cache[0]
+        _require(conv.shape == first_conv.shape and conv.dtype == first_conv.dtype
+                 and conv.device == state.device, f"{name}.kv_cache[0]",
+                 f"expected {tuple(first_conv.shape)} {first_conv.dtype} on {state.device}, "
+                 f"got {tuple(conv.shape)} {conv.dtype} on {conv.device}")
+
+
+def check_commit_context_args(context, num_accepted, state_indices, query_start_loc, request_indices, block_table,
+                              num_computed, block_size) -> int:
+    """Check a context commit's arguments (``KDARecoverSSMCommitContext.commit``); return B."""
+    _check_index("state_indices", state_indices, None, allow_strided=True)
+    batch = state_indices.shape[0]
+    _require(batch <= context.max_num_reqs, "state_indices",
+             f"{batch} rows exceed the context's max_num_reqs = {context.max_num_reqs}")
+    _check_index("query_start_loc", query_start_loc, batch + 1, allow_strided=False)
+    _check_index("num_accepted_tokens", num_accepted, None, allow_strided=False)
+    named = [("state_indices", state_indices), ("query_start_loc", query_start_loc),
+             ("num_accepted_tokens", num_accepted)]
+    if request_indices is not None:
+        _check_index("request_indices", request_indices, None, allow_strided=False)
+        _require(request_indices.shape[0] >= batch, "request_indices",
+                 f"holds {request_indices.shape[0]} rows, the batch has {batch}")
+        named.append(("request_indices", request_indices))
+    else:
+        _require(num_accepted.shape[0] >= batch, "num_accepted_tokens",
+                 f"holds {num_accepted.shape[0]} counts, the batch has {batch} rows (no request_indices)")
+    align = (block_table is not None, num_computed is not None, block_size is not None)
+    _require(all(align) or not any(align), "block_table",
+             "align mode needs block_table, num_computed_tokens and mamba_block_size together")
+    if block_table is not None:
+        _require(isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32
+                 and block_table.dim() == 2 and block_table.stride(1) == 1 and block_table.shape[1] >= 1,
+                 "block_table", "expected int32 [requests, width >= 1] with contiguous columns")
+        _check_index("num_computed_tokens", num_computed, None, allow_strided=False)
+        if request_indices is None:
+            _require(block_table.shape[0] >= batch and num_computed.shape[0] >= batch, "block_table",
+                     f"block_table and num_computed_tokens need a row for each of the {batch} rows")
+        _require(isinstance(block_size, int) and block_size >= context.spec_query_len, "mamba_block_size",
+                 f"expected an int >= spec_query_len ({context.spec_query_len}), got {block_size!r}")
+        named += [("block_table", block_table), ("num_computed_tokens", num_computed)]
+    named.append(("checkpoint_state", context.tables.first.checkpoint_state))
     check_same_device(named)
     return batch

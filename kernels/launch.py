@@ -30,6 +30,7 @@ DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
+    "commit-layers": ("one-launch", "per-layer"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -118,6 +119,13 @@ _COMMIT_RULES = (
 )
 
 
+_COMMIT_LAYERS_RULES = (
+    Rule("one-launch", lambda key: _commit_token_loop_holds(key),
+         "one layer's commit is a token loop that leaves SMs idle: every layer's tiles in one launch fill them"),
+    Rule("per-layer", _always, "one layer's commit already streams the state: a launch a layer, each its own design"),
+)
+
+
 def _commit_token_loop_holds(key: Key) -> bool:
     """Pairs x T^2 bounds the commit token loop's work (each token is a pass over the tile)."""
     return key.pairs <= 384 and key.pairs * key.T ** 2 <= 6144
@@ -128,7 +136,8 @@ def _verify_state_rows(key: Key) -> int:
     return max(_DOT_MIN, min(64, triton.next_power_of_2(key.V)))
 
 
-_RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES}
+_RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES,
+          "commit-layers": _COMMIT_LAYERS_RULES}
 
 
 def forced_designs() -> dict[str, str]:
@@ -293,6 +302,13 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
                             max_registers=_commit_token_budget(key), **common)
     return CommitConfig(block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))), max_registers=None,
                         **common)
+
+
+def commit_layers_design(batch: int, heads: int, head_v_dim: int, spec_query_len: int,
+                         target: Target = H200) -> str:
+    """How a commit of several layers runs (``DESIGNS["commit-layers"]``), from one layer's
+    shape: the whole choice is whether a single layer would run the token loop."""
+    return choose_design("commit-layers", _key(batch, heads, head_v_dim, spec_query_len, target))
 
 
 def _commit_token_rows(key: Key) -> int:

@@ -24,33 +24,43 @@ from kernels.flush_plan import store_flush_plan
 _PLAN_BLOCK = 128
 
 
-@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
+@triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None,
+                    "HAS_REQUEST_INDICES": lambda args: args["request_indices_ptr"] is not None,
+                    "WRITES_SLOT_ROWS": lambda args: args["slot_rows_ptr"] is not None})
 @triton.jit
 def _commit_plan_kernel(
     num_accepted_ptr, query_start_loc_ptr, state_indices_ptr, block_table_ptr, num_computed_ptr,
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
-    record_rows_ptr, pending_ptr, eager_ptr,
+    record_rows_ptr, pending_ptr, eager_ptr, request_indices_ptr, slot_rows_ptr,
     batch, stride_state_indices, stride_block_table, block_table_width, block_size, null_block_id,
     SPEC_QUERY_LEN: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr, DEFER: tl.constexpr,
-    HAS_EAGER: tl.constexpr, DEPENDENT: tl.constexpr,
+    HAS_EAGER: tl.constexpr, HAS_REQUEST_INDICES: tl.constexpr, WRITES_SLOT_ROWS: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """``BLOCK`` rows a program: the stock plan (docs/design.md §6); with ``DEFER``, then
-    ``defer_rows`` on it, as ``_defer_commit_kernel`` would after it."""
+    ``defer_rows`` on it, as ``_defer_commit_kernel`` would after it. With
+    ``HAS_REQUEST_INDICES``, a row's accepted count, ``num_computed`` and block-table row are
+    those of request ``request_indices[b]``; with ``WRITES_SLOT_ROWS``, each row's slot is
+    also stored to ``slot_rows[b]`` (records kept per slot, docs/design.md §10)."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = rows < batch
-    accepted = tl.load(num_accepted_ptr + rows, mask=in_batch, other=0)
+    if HAS_REQUEST_INDICES:
+        requests = tl.load(request_indices_ptr + rows, mask=in_batch, other=0)
+    else:
+        requests = rows
+    accepted = tl.load(num_accepted_ptr + requests, mask=in_batch, other=0)
     query_len = tl.load(query_start_loc_ptr + rows + 1, mask=in_batch, other=0) - tl.load(
         query_start_loc_ptr + rows, mask=in_batch, other=0)
     n = tl.minimum(tl.minimum(tl.maximum(accepted, 0), tl.maximum(query_len, 0)), SPEC_QUERY_LEN)
     slot = tl.load(state_indices_ptr + rows * stride_state_indices, mask=in_batch, other=null_block_id)
     valid = (slot > null_block_id) & (n > 0)
     if ALIGN:  # 64-bit column arithmetic: num_computed + T may pass the top of int32
-        computed = tl.load(num_computed_ptr + rows, mask=in_batch, other=0).to(tl.int64)
+        computed = tl.load(num_computed_ptr + requests, mask=in_batch, other=0).to(tl.int64)
         c_end = computed + n
         final_col = tl.minimum(tl.maximum(c_end - 1, 0) // block_size, block_table_width - 1)
-        table_row = block_table_ptr + rows.to(tl.int64) * stride_block_table
+        table_row = block_table_ptr + requests.to(tl.int64) * stride_block_table
         final = tl.load(table_row + final_col, mask=in_batch & valid, other=null_block_id)
         next_boundary = (computed // block_size + 1) * block_size
         boundary_col = next_boundary // block_size - 1
@@ -69,6 +79,8 @@ def _commit_plan_kernel(
     tl.store(final_state_indices_ptr + rows, tl.where(valid, final, null_block_id), mask=in_batch)
     tl.store(boundary_state_indices_ptr + rows, boundary, mask=in_batch)
     tl.store(boundary_recovery_lens_ptr + rows, recovery, mask=in_batch)
+    if WRITES_SLOT_ROWS:
+        tl.store(slot_rows_ptr + rows, slot, mask=in_batch)
 
 
 @triton.jit
@@ -196,8 +208,19 @@ def kda_recoverssm_plan_deferred(plan: CommitPlan, num_accepted, query_start_loc
                         num_computed, block_size, defer=(record_rows, pending, eager))
 
 
+def plan_per_request(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                     request_indices, slot_rows, block_table=None, num_computed=None, block_size=None) -> CommitPlan:
+    """``kda_recoverssm_plan`` where ``num_accepted``, ``num_computed`` and ``block_table``
+    are indexed by request, row ``b`` reading request ``request_indices[b]`` (int32 ``[B]``,
+    or ``None``: request ``b``), which also stores each row's slot to ``slot_rows[b]`` (int32,
+    at least ``[B]``). Arguments already checked (``KDARecoverSSMCommitContext``)."""
+    return _launch_plan(plan, state_indices.shape[0], num_accepted, query_start_loc, state_indices, spec_query_len,
+                        block_table, num_computed, block_size, per_request=(request_indices, slot_rows))
+
+
 def _launch_plan(plan: CommitPlan, B: int, num_accepted, query_start_loc, state_indices, spec_query_len,
-                 block_table, num_computed, block_size, defer=(None, None, None)) -> CommitPlan:
+                 block_table, num_computed, block_size, defer=(None, None, None),
+                 per_request=(None, None)) -> CommitPlan:
     rows = plan.rows(B)
     if B == 0:
         return rows
@@ -205,7 +228,7 @@ def _launch_plan(plan: CommitPlan, B: int, num_accepted, query_start_loc, state_
     _commit_plan_kernel[(triton.cdiv(B, _PLAN_BLOCK),)](
         num_accepted, query_start_loc, state_indices, block_table, num_computed,
         rows.commit_lens, rows.final_state_indices, rows.boundary_state_indices, rows.boundary_recovery_lens,
-        *defer, B, state_indices.stride(0), block_table.stride(0) if align else 0,
+        *defer, *per_request, B, state_indices.stride(0), block_table.stride(0) if align else 0,
         block_table.shape[1] if align else 0, block_size if align else 1, NULL_BLOCK_ID,
         SPEC_QUERY_LEN=spec_query_len, BLOCK=_PLAN_BLOCK, ALIGN=align, DEFER=defer[0] is not None,
         **dependent_launch(state_indices.device),

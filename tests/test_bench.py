@@ -364,3 +364,43 @@ def test_sigterm_saves_the_finished_rows_and_exits_3(tmp_path):
     assert printed["interrupted"] and [r["name"] for r in printed["rows"]] == ["plan"]
     loaded = bench.load_run(str(saved))
     assert loaded.interrupted and [r.name for r in loaded.rows] == ["plan"] and loaded.rows[0].median_us > 0
+
+
+def test_model_bytes_by_hand():
+    from traces.bench.contract_bytes import model_folded_tokens, model_op_bytes
+
+    # three layers: each op on every layer; a stock step plans once; commit-layers is three commits
+    assert model_op_bytes("commit-layers", TINY, 2, 2, [2, 1], 3) == 3 * (8192 + 768)
+    assert model_op_bytes("commit", TINY, 2, 2, [2, 1], 3) == 3 * (8192 + 768)
+    assert model_op_bytes("step-stock", TINY, 2, 2, [2, 1], 3) == 3 * (6416 + 8960) + 60
+    assert model_op_bytes("step-stock", TINY, 2, 2, [2, 1], 1) == 6416 + 60 + 8960
+    assert model_folded_tokens("commit-layers", [2, 1], 3) == 9
+    assert model_folded_tokens("verify", [2, 1], 3) == 0
+
+
+def test_a_commit_of_all_layers_is_each_layer_s_commit(device):
+    """The workload's one commit of a model's layers folds each layer's own set, as a commit a
+    layer does; rows of a model run report a model's bytes."""
+    import torch
+
+    import kernels
+    from traces.bench.workload import STATE_DTYPES, Workload
+
+    counts = [2, 1]
+    work = Workload(kernels, bench.PRESETS["tiny"], STATE_DTYPES["fp32"], 2, 2, counts, 6, device, seed=5, layers=3)
+    assert work.calls == 2 and len(work.layer_tables) == 2
+    work.restore("commit")
+    work.run("commit")
+    per_layer = work.pool.clone()
+    work.restore("commit-layers")
+    work.run("commit-layers")
+    assert not torch.equal(per_layer, work.pristine_pool)
+    assert torch.allclose(work.pool, per_layer, rtol=1e-6, atol=1e-7)
+
+    config = bench.BenchConfig(preset="tiny", batches=(2,), ops=("commit", "commit-layers", "step-stock"),
+                               smoke=True, layers=3)
+    run = bench.run_bench(config, device)
+    rows = {r.name: r for r in run.rows}
+    assert run.workload["layers"] == 3
+    assert all(r.error is None and r.n_sets == 3 for r in rows.values())
+    assert rows["commit-layers"].bytes == rows["commit"].bytes == 3 * bench.commit_bytes(TINY, [2, 2])

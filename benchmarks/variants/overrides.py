@@ -18,8 +18,9 @@ import os
 import kernels
 
 API = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
-       "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
-BUFFERS = ("CommitPlan", "KDARecoverSSMRecords", "NULL_BLOCK_ID", "allocate_records")
+       "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred",
+       "kda_recoverssm_commit_layers")
+BUFFERS = ("CommitPlan", "KDARecoverSSMRecords", "NULL_BLOCK_ID", "allocate_records", "LayerBuffers", "LayerTables")
 
 
 @contextlib.contextmanager

@@ -47,7 +47,9 @@ def _render_human(run, ratios: dict, comparison) -> None:
         console.print(escape(f"{impl}: ops through " + "; ".join(f"{op}={where}" for op, where in routes.items())))
     real = not run.label
     traced = "trace" in w
-    table = Table(title=escape("microseconds per call: median [p10-p90] x samples"), title_justify="left")
+    layers = w.get("layers", 1)  # runs saved before --layers have one
+    per = f"call (one model of {layers} layers: each op on every layer)" if layers > 1 else "call"
+    table = Table(title=escape(f"microseconds per {per}: median [p10-p90] x samples"), title_justify="left")
     for col in (("event",) if traced else ()) + ("op", "B", "T") + (() if traced else ("sets",)) + ("MB/call",):
         table.add_column(col, justify="left" if col == "op" else "right")
     for impl in impls:
@@ -106,7 +108,7 @@ def bench(
                                    help="implementations side by side: triton, reference, a module or a .py file; "
                                         "repeat or comma-separate"),
     ops: Optional[str] = typer.Option(None, "--ops", help="ops and steps to time, comma-separated "
-                                      "[all: verify,plan,defer,commit,flush,flush-verify,step-stock,step-deferred]"),
+                                      "[all: verify,plan,defer,commit,flush,flush-verify,step-stock,step-deferred; also commit-layers]"),
     eager: bool = typer.Option(False, "--eager", help="time eager calls instead of CUDA graph replays"),
     reps: int = typer.Option(100, "--reps", help="most samples per row (fewer if --row-seconds runs out, but at "
                                                  "least 10, or --reps if fewer)"),
@@ -119,6 +121,8 @@ def bench(
     compare: Optional[str] = typer.Option(None, "--compare", help="a saved run: per-row time ratio and geometric mean"),
     format: str = typer.Option("human", "--format", help="human or json"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write GB/s against batch to this PNG (needs matplotlib)"),
+    layers: int = typer.Option(1, "--layers", help="KDA layers of a model: every row times one model's calls "
+                                                   "(add commit-layers to --ops for its one commit of all layers)"),
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
 ) -> None:
@@ -142,7 +146,8 @@ def bench(
             spec_lens=parse_ints("--spec-len", spec_len), state_dtype=state_dtype or "fp32", accept=accept or "full",
             impls=parse_names(impl), ops=parse_names([ops]) if ops is not None else OPS,
             mode="eager" if eager else "graph", reps=reps, row_seconds=row_seconds,
-            touch_bytes=(touch_mb if touch_mb is not None else 512) * 2**20, seed=seed, smoke=interpreter_smoke)
+            touch_bytes=(touch_mb if touch_mb is not None else 512) * 2**20, seed=seed, smoke=interpreter_smoke,
+            layers=layers)
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     for option, path in (("--save", save), ("--plot", plot)):

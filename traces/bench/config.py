@@ -8,6 +8,9 @@ import math
 from dataclasses import dataclass
 
 OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
+LAYER_OPS = ("commit-layers",)
+"""Ops timed only when asked for (``--ops``): ``commit-layers`` is one commit of every layer of
+a model (``--layers``)."""
 STATE_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
 ACCEPT_MODES = ("full", "random")
 MODES = ("graph", "eager")
@@ -37,7 +40,8 @@ PRESETS = {
 @dataclass
 class BenchConfig:
     """What to run. ``impls`` are specs for ``traces.impl.load_impl``; ``touch_bytes`` is
-    the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples."""
+    the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples;
+    ``layers``: KDA layers of a model, every row timing one model's calls (``workload``)."""
 
     preset: str = "k3-tp8"
     batches: tuple[int, ...] = ()
@@ -52,6 +56,7 @@ class BenchConfig:
     touch_bytes: int = DEFAULT_TOUCH_BYTES
     seed: int = 0
     smoke: bool = False
+    layers: int = 1
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -67,9 +72,11 @@ class BenchConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode}")
         if not self.ops:
             raise ValueError("no ops to time")
-        unknown = [op for op in self.ops if op not in OPS]
+        unknown = [op for op in self.ops if op not in OPS + LAYER_OPS]
         if unknown:
-            raise ValueError(f"unknown op {unknown[0]} (known: {', '.join(OPS)})")
+            raise ValueError(f"unknown op {unknown[0]} (known: {', '.join(OPS + LAYER_OPS)})")
+        if not isinstance(self.layers, int) or self.layers < 1:
+            raise ValueError(f"--layers {self.layers}: expected a positive integer")
         for name, values in (("batch", self.batches), ("spec-len", self.spec_lens)):
             if any(v < 1 for v in values):
                 raise ValueError(f"every {name} must be a positive integer, got {', '.join(map(str, values))}")

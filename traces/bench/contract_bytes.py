@@ -92,6 +92,23 @@ def op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[i
     }[name]()
 
 
+def model_op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[int], layers: int) -> int:
+    """``op_bytes`` of one model of ``layers`` layers: each op on every layer; a stock step of
+    several layers plans once (its plan is every layer's); ``commit-layers`` is ``commit``'s
+    bytes on every layer."""
+    if name == "commit-layers":
+        return layers * op_bytes("commit", s, batch, spec_len, commit_lens)
+    if name == "step-stock" and layers > 1:
+        return layers * (op_bytes("verify", s, batch, spec_len, commit_lens)
+                         + op_bytes("commit", s, batch, spec_len, commit_lens)) + plan_bytes(batch)
+    return layers * op_bytes(name, s, batch, spec_len, commit_lens)
+
+
+def model_folded_tokens(name: str, commit_lens: list[int], layers: int) -> int:
+    """``op_folded_tokens`` of one model of ``layers`` layers."""
+    return layers * op_folded_tokens("commit" if name == "commit-layers" else name, commit_lens)
+
+
 def op_folded_tokens(name: str, commit_lens: list[int]) -> int:
     """Tokens an op or step folds into state with per-row commit lengths ``commit_lens``
     (also the pending counts): its commit's or flush's; 0 for verify, plan and defer."""

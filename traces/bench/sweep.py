@@ -14,7 +14,7 @@ import torch
 
 from traces.bench import timers
 from traces.bench.config import PRESETS, BenchConfig
-from traces.bench.contract_bytes import Shape, op_bytes, op_folded_tokens
+from traces.bench.contract_bytes import Shape, model_folded_tokens, model_op_bytes
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
 from traces.bench.workload import STATE_DTYPES, Workload, accepted_counts, choose_sets, set_bytes
@@ -44,29 +44,31 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
             for B in config.batches:
                 counts = accepted_counts(config.accept, B, T, config.seed)
                 commit_lens = [min(n, T) for n in counts]
+                L = config.layers
                 if config.smoke:
                     n_sets = SMOKE_SETS
                 else:
                     free = torch.cuda.mem_get_info(device)[0] if cuda else None
                     n_sets = choose_sets(shape.slot_bytes, B, config.touch_bytes,
                                          set_bytes(preset, state_dtype, B, T), free)
+                n_sets = -(-n_sets // L) * L  # whole models of L layers
                 for spec, impl in impls.items():
                     try:
-                        work = Workload(impl, preset, state_dtype, B, T, counts, n_sets, device, config.seed)
+                        work = Workload(impl, preset, state_dtype, B, T, counts, n_sets, device, config.seed, L)
                     except (RuntimeError, ValueError, TypeError) as exc:
                         work, setup_error = None, f"workload set-up failed: {type(exc).__name__}: {exc}"
                     for name in config.ops:
-                        nbytes = op_bytes(name, shape, B, T, commit_lens)
+                        nbytes = model_op_bytes(name, shape, B, T, commit_lens, L)
                         row = Row(spec, name, B, T, mode, n_sets, 0, None, None, None, nbytes,
-                                  op_folded_tokens(name, commit_lens))
+                                  model_folded_tokens(name, commit_lens, L))
                         rows.append(row)
                         if work is None:
                             row.error = setup_error
                             continue
                         progress(f"{spec} {name} B={B} T={T} ({n_sets} sets)")
                         try:
-                            times = timers.time_calls(lambda: work.run(name), lambda: work.restore(name), n_sets,
-                                                      timer, config, call_mode)
+                            times = timers.time_calls(lambda: work.run(name), lambda: work.restore(name),
+                                                      work.calls, timer, config, call_mode)
                             if not work.finite():
                                 raise RuntimeError("non-finite values in outputs, records or state")
                         except Exception as exc:  # a failed row is reported, never timed wrongly
@@ -87,7 +89,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
         "preset": config.preset, "heads": preset.heads, "head_k_dim": preset.head_k_dim,
         "head_v_dim": preset.head_v_dim, "activation_dtype": preset.activation_dtype,
         "state_dtype": str(state_dtype).removeprefix("torch."), "lower_bound": preset.lower_bound,
-        "accept": config.accept, "seed": config.seed, "batches": list(config.batches),
+        "accept": config.accept, "seed": config.seed, "layers": config.layers, "batches": list(config.batches),
         "spec_lens": list(config.spec_lens), "impls": list(config.impls), "ops": list(config.ops),
         "routes": impl_routes(impls),
     }

@@ -30,6 +30,16 @@ The step orders follow a real decode step: verify in the forward pass of every l
 plan and commit after sampling; a deferred step flushes a layer's pending replay right
 before its verify and defers after sampling. The plan is run once per set, which slightly
 over-counts a step whose plan is shared by all layers.
+
+With ``layers = L > 1`` the sets form ``n_sets / L`` models of ``L`` consecutive sets, and
+one call of a row is one model's: every op above on each of its layers, except
+
+    commit-layers  one ``kda_recoverssm_commit_layers`` of the model's L layers (where the
+                   implementation has none: a commit a layer)
+    step-stock     verify(s) for each layer; then one plan and one commit-layers
+
+A model's layers share the first set's slots and plan: layer ``j`` sees the pool through a
+view ``j B`` slots further on, so the same slot indices name its own set's slots.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ STATE_DTYPES = {name: getattr(torch, dtype) for name, dtype in STATE_DTYPE_NAMES
 _MAX_SETS = 4096
 _MEMORY_FRACTION = 0.5
 # Ops that write the checkpoint pool and so need it restored before every sample.
-_WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred"}
+_WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred", "commit-layers"}
 
 
 def accepted_counts(accept: str, batch: int, spec_len: int, seed: int) -> list[int]:
@@ -67,7 +77,7 @@ class Workload:
     """
 
     def __init__(self, impl: ModuleType, preset: Preset, state_dtype: torch.dtype, batch: int, spec_len: int,
-                 counts: list[int], n_sets: int, device: str, seed: int):
+                 counts: list[int], n_sets: int, device: str, seed: int, layers: int = 1):
         H, K, V, T, B = preset.heads, preset.head_k_dim, preset.head_v_dim, spec_len, batch
         act = getattr(torch, preset.activation_dtype)
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -115,6 +125,30 @@ class Workload:
                 records=records_type(correction=self.records.correction[rows], key_gate=self.records.key_gate[rows]),
                 plan=impl.CommitPlan(*(self.plan_columns[c, s] for c in range(4))),
             ))
+        self.layers = layers
+        self.models = [self.sets[g:g + layers] for g in range(0, n_sets - layers + 1, layers)]
+        self.layer_tables = []
+        if layers > 1 and all(hasattr(impl, name) for name in
+                              ("kda_recoverssm_commit_layers", "LayerBuffers", "LayerTables")):
+            span = 1 + (n_sets - layers + 1) * B  # the slots every layer's view holds
+            self.layer_tables = [impl.LayerTables.of(
+                impl.LayerBuffers(self.pool[j * B:j * B + span], d["records"], self.A_log, self.dt_bias)
+                for j, d in enumerate(model)) for model in self.models]
+
+    @property
+    def calls(self) -> int:
+        """Calls per sample: one per set, or per model where there are several layers."""
+        return len(self.models) if self.layers > 1 else self.n_sets
+
+    def _commit_layers(self, g: int) -> None:
+        """Model ``g``'s commit of every layer, with its first set's slots and plan."""
+        first = self.models[g][0]
+        if not self.layer_tables:
+            for d in self.models[g]:
+                self.impl.kda_recoverssm_commit(self.pool, d["records"], self.A_log, self.dt_bias, self.lower_bound,
+                                                d["slots"], d["plan"])
+            return
+        self.impl.kda_recoverssm_commit_layers(self.layer_tables[g], self.lower_bound, first["slots"], first["plan"])
 
     def _verify(self, d: dict, record_indices: torch.Tensor | None) -> None:
         self.impl.kda_recoverssm_verify(
@@ -157,7 +191,16 @@ class Workload:
     def run(self, name: str) -> None:
         """One sample of ``name``: the op (or step) over every set, in decode-step order."""
         sets = self.sets
-        if name == "step-stock":
+        if name == "commit-layers":
+            for g in range(len(self.models)):
+                self._commit_layers(g)
+        elif name == "step-stock" and self.layers > 1:
+            for g, model in enumerate(self.models):
+                for d in model:
+                    self._verify(d, None)
+                self._plan(model[0])
+                self._commit_layers(g)
+        elif name == "step-stock":
             for d in sets:
                 self._verify(d, None)
             for d in sets:

@@ -1,0 +1,297 @@
+"""The engine's commit over several layers (``kernels.commit_context``) against its float64
+reference (``kernels.reference_context``): plan, conv-state compaction and state commit.
+
+Each batch has every kind of row: full windows taking every accept length 0..T, a partial
+window, a null slot with tokens, CUDA-graph padding; in the first of two rounds the
+accepted counts (and align mode's block table and computed counts) are read through a
+shuffled ``request_indices``, in the second in row order. Every slot, record row and conv entry the batch does not name
+holds NaN and must keep its bits; records are never written.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import kernels.launch
+from kernels.commit_context import CommitLayer, KDARecoverSSMCommitContext
+from kernels.reference_context import ReferenceCommitContext
+from tests.kernel_problems import rel_rmse, same_bits, within_rounding
+from tests.seeds import fresh_seed
+
+pytestmark = pytest.mark.gpu
+
+FP32_RMSE = 1e-5
+BF16_ROUNDING = 2.0 ** -8 if torch.cuda.is_available() else 2.0 ** -7
+NAN = float("nan")
+TABLE_WIDTH = 3
+
+
+@dataclass
+class Batch:
+    """One step's commit arguments and the rows' query lengths."""
+
+    num_accepted: torch.Tensor
+    state_indices: torch.Tensor
+    query_start_loc: torch.Tensor
+    request_indices: torch.Tensor | None
+    lengths: list[int]
+    align: dict
+
+    def args(self) -> dict:
+        return dict(num_accepted_tokens=self.num_accepted, state_indices=self.state_indices,
+                    query_start_loc=self.query_start_loc, request_indices=self.request_indices, **self.align)
+
+
+@dataclass
+class Model:
+    """Both twins of L layers' buffers: ``layers`` in the kernels' dtypes, ``layers64`` with
+    float64 state and records (conv states, a copy of the same dtype)."""
+
+    layers: list[CommitLayer]
+    layers64: list[CommitLayer]
+    gen: torch.Generator
+
+
+def _layer(kv, A_log, dt_bias, H, K, lower_bound) -> CommitLayer:
+    return CommitLayer(tuple(kv), A_log, dt_bias, H, K, lower_bound)
+
+
+def make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed) -> Model:
+    gen = torch.Generator().manual_seed(seed)
+    S = history + T - 1
+    layers, layers64 = [], []
+    for _ in range(L):
+        state = torch.full((N, H, V, K), NAN, dtype=state_dtype)
+        correction = torch.full((N, H, T, V), NAN)
+        key_gate = torch.full((N, H, T, 2 * K), NAN, dtype=torch.bfloat16)
+        conv = torch.full((N, dim, S) if conv_dim_first else (N, S, dim), NAN, dtype=torch.bfloat16)
+        A_log = torch.rand(H, generator=gen).log().to(device)
+        dt_bias = (torch.randn(H * K, generator=gen) * 0.5).to(device)
+        kv = [t.to(device) for t in (conv, state, correction, key_gate)]
+        kv64 = [kv[0].clone(), kv[1].double(), kv[2].double(), kv[3].double()]
+        layers.append(_layer(kv, A_log, dt_bias, H, K, lower_bound))
+        layers64.append(_layer(kv64, A_log, dt_bias, H, K, lower_bound))
+    return Model(layers, layers64, gen)
+
+
+def fill_sources(model: Model, batch: Batch, T: int, fill_state: bool) -> None:
+    """Random state (with ``fill_state``), conv window and records in each real row's source
+    slot, the same in both twins; records past the row's tokens stay NaN."""
+    for layer, layer64 in zip(model.layers, model.layers64):
+        conv, state, correction, key_gate = layer.kv_cache
+        for b, slot in enumerate(batch.state_indices.tolist()):
+            if slot <= 0:
+                continue
+            n = batch.lengths[b]
+            if fill_state:
+                state[slot] = torch.randn(state.shape[1:], generator=model.gen).to(state)
+            conv[slot] = torch.randn(conv.shape[1:], generator=model.gen).to(conv)
+            correction[slot] = NAN
+            key_gate[slot] = NAN
+            correction[slot, :, :n] = torch.randn(correction[slot, :, :n].shape, generator=model.gen).to(correction)
+            key_gate[slot, :, :n] = torch.randn(key_gate[slot, :, :n].shape, generator=model.gen).to(key_gate)
+        for mine, twin in zip(layer.kv_cache, layer64.kv_cache):
+            twin.copy_(mine)
+
+
+def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None, block_size: int,
+               rng: random.Random, by_request: bool) -> Batch:
+    """Rows 0..T: full windows with accept lengths T, then 0..T-1 shuffled; a partial window;
+    a null slot with tokens; two padding rows. ``slots`` gives the real rows' sources, in order.
+    ``by_request``: per-request tensors in a shuffled order read through ``request_indices``,
+    else in row order without it."""
+    accepted = [T, *rng.sample(range(T), T), rng.randint(0, T + 2), T, 0, 0]
+    lengths = [T] * (T + 1) + [max(1, T - 1), T, 0, 0]
+    sources = [*slots[:T + 2], 0, -1, -1]
+    B = len(lengths)
+    requests = list(range(B + 2))
+    if by_request:
+        rng.shuffle(requests)
+    per_request = [rng.randint(-1, T + 3) for _ in range(B + 2)]
+    for b in range(B):
+        per_request[requests[b]] = accepted[b]
+    qsl = [0]
+    for n in lengths:
+        qsl.append(qsl[-1] + n)
+    align = {}
+    if align_slots is not None:
+        table = [[0] * TABLE_WIDTH for _ in range(B + 2)]
+        computed = [rng.randint(0, 3 * block_size) for _ in range(B + 2)]
+        for b in range(B):
+            table[requests[b]] = align_slots[b] if b < len(align_slots) else [0] * TABLE_WIDTH
+            n = min(accepted[b], lengths[b])
+            # even rows end exactly on the boundary of block 1, odd rows anywhere in blocks 0..1
+            computed[requests[b]] = 2 * block_size - n if b % 2 == 0 and n > 0 else rng.randint(0, 2 * block_size - 1)
+        align = dict(block_table=torch.tensor(table, dtype=torch.int32, device=device),
+                     num_computed_tokens=torch.tensor(computed, dtype=torch.int32, device=device),
+                     mamba_block_size=block_size)
+    as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    return Batch(as_int32(per_request), as_int32(sources), as_int32(qsl), as_int32(requests) if by_request else None,
+                 lengths, align)
+
+
+def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
+    """Commit ``batch`` through both contexts and compare every buffer; with ``capture``, the
+    kernels' commit is captured in a CUDA graph (after a call of the same shapes that commits
+    nothing, which compiles the kernels) and replayed."""
+    before = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
+    if capture:
+        ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ctx.commit(**batch.args())
+        graph.replay()
+    else:
+        ctx.commit(**batch.args())
+    ref_ctx.commit(**batch.args())
+    B = batch.state_indices.shape[0]
+    for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
+        assert torch.equal(getattr(ctx.plan, name)[:B], getattr(ref_ctx.plan, name)[:B]), name
+    for i, (layer, layer64, old) in enumerate(zip(model.layers, model.layers64, before)):
+        conv, state, correction, key_gate = layer.kv_cache
+        conv64, state64, _, _ = layer64.kv_cache
+        assert same_bits(conv, conv64), f"layer {i}: conv state differs from the reference"
+        assert same_bits(correction, old[2]) and same_bits(key_gate, old[3]), f"layer {i}: records written"
+        live = ~torch.isnan(state64).any(dim=(1, 2, 3))
+        assert same_bits(state[~live], old[1][~live]), f"layer {i}: a slot outside the plan changed"
+        assert state_matches(state[live], state64[live], rounds), f"layer {i}: committed state"
+
+
+def state_matches(actual: torch.Tensor, expected: torch.Tensor, rounds: int) -> bool:
+    if actual.dtype == torch.float32:
+        return rel_rmse(actual, expected) <= FP32_RMSE
+    if rounds == 1:
+        return within_rounding(actual, expected, BF16_ROUNDING)
+    return rel_rmse(actual, expected) <= 1e-2  # bf16 roundings of the first round propagate
+
+
+def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lower_bound, dim=24, history=3,
+                   capture=False):
+    seed = fresh_seed()
+    rng = random.Random(seed)
+    B = T + 5
+    per_row = 1 + (TABLE_WIDTH if align else 0)
+    N = 1 + B * per_row + 3  # slot 0 and three spare NaN slots
+    free = list(range(1, N))
+    rng.shuffle(free)
+    slots = free[:B]
+    align_slots = [free[B + TABLE_WIDTH * b:B + TABLE_WIDTH * (b + 1)] for b in range(B)] if align else None
+    model = make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed)
+    ctx = KDARecoverSSMCommitContext.create(model.layers, spec_query_len=T, max_num_reqs=B + 1,
+                                            conv_dim_first=conv_dim_first)
+    ref_ctx = ReferenceCommitContext.create(model.layers64, spec_query_len=T, max_num_reqs=B + 1,
+                                            conv_dim_first=conv_dim_first)
+    for round_ in (1, 2):  # the second without request_indices
+        batch = make_batch(device, T, slots, align_slots, block_size=T + round_ - 1, rng=rng, by_request=round_ == 1)
+        fill_sources(model, batch, T, fill_state=round_ == 1)
+        check_round(ctx, ref_ctx, model, batch, round_, capture)
+
+
+CASES = [
+    pytest.param(1, torch.float32, False, True, -5.0, 4, id="L1-fp32-stock"),
+    pytest.param(3, torch.float32, True, True, -5.0, 4, id="L3-fp32-align"),
+    pytest.param(3, torch.bfloat16, True, False, None, 3, id="L3-bf16-align-conv-dim-last-softplus"),
+    pytest.param(3, torch.bfloat16, False, False, -5.0, 2, id="L3-bf16-stock-conv-dim-last"),
+]
+
+
+@pytest.mark.parametrize("design", kernels.launch.DESIGNS["commit-layers"])
+@pytest.mark.parametrize("L,state_dtype,align,conv_dim_first,lower_bound,T", CASES)
+def test_two_rounds_match_reference(device, monkeypatch, design, L, state_dtype, align, conv_dim_first,
+                                    lower_bound, T):
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, f"commit-layers={design}")
+    run_two_rounds(device, L, H=2, K=16, V=32, T=T, state_dtype=state_dtype, align=align,
+                   conv_dim_first=conv_dim_first, lower_bound=lower_bound)
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("align", [False, True], ids=["stock", "align"])
+@pytest.mark.parametrize("T", [4, 8])
+def test_kimi_k3_shapes(device, align, T):
+    run_two_rounds(device, L=4, H=12, K=128, V=128, T=T, state_dtype=torch.float32, align=align,
+                   conv_dim_first=True, lower_bound=-5.0, dim=3 * 12 * 128, history=3)
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("design", kernels.launch.DESIGNS["commit-layers"])
+def test_a_commit_captured_in_a_cuda_graph_replays_it(device, monkeypatch, design):
+    """No host work, no allocation: the whole commit of every layer replays from a graph."""
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, f"commit-layers={design}")
+    run_two_rounds(device, L=3, H=12, K=128, V=128, T=4, state_dtype=torch.float32, align=True,
+                   conv_dim_first=False, lower_bound=-5.0, capture=True)
+
+
+def test_one_launch_until_a_layer_streams():
+    """The one launch runs where one layer's commit is a token loop, per-layer launches after."""
+    design = kernels.launch.commit_layers_design
+    assert [design(b, 12, 128, 8) for b in (1, 8, 9, 256)] == ["one-launch", "one-launch", "per-layer", "per-layer"]
+    assert [design(b, 12, 128, 4) for b in (32, 33)] == ["one-launch", "per-layer"]
+
+
+def _context(device, L=2, **changes):
+    model = make_model(device, L, 6, 2, 16, 16, 2, 8, 3, torch.float32, True, -5.0, seed=1)
+    layers = [layer.__class__(**{**layer.__dict__, **changes}) if i == L - 1 else layer
+              for i, layer in enumerate(model.layers)]
+    return layers
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(gate_lower_bound=None), r"layers\[1\]\.gate_lower_bound: None differs"),
+    (dict(head_dim=32), r"layers\[1\]: local_num_heads=2, head_dim=32 do not match"),
+    (dict(kv_cache=(torch.zeros(6, 8, 2),) * 3), r"layers\[1\]\.kv_cache: expected \(conv_state"),
+])
+def test_create_names_the_bad_layer(device, changes, message):
+    with pytest.raises(ValueError, match=message):
+        KDARecoverSSMCommitContext.create(_context(device, **changes), spec_query_len=2, max_num_reqs=4)
+
+
+def test_create_takes_tuples_and_refuses_shared_buffers(device):
+    layers = _context(device)
+    from_tuples = KDARecoverSSMCommitContext.create([tuple(vars(layer).values()) for layer in layers],
+                                                    spec_query_len=2, max_num_reqs=4)
+    assert torch.equal(from_tuples.tables.state, KDARecoverSSMCommitContext.create(
+        layers, spec_query_len=2, max_num_reqs=4).tables.state)
+    conv, _, correction, key_gate = layers[1].kv_cache
+    layers[1] = CommitLayer((conv, layers[0].kv_cache[1], correction, key_gate), *list(vars(layers[1]).values())[1:])
+    with pytest.raises(ValueError, match=r"layers\[1\]\.checkpoint_state: starts where layers\[0\]'s does"):
+        KDARecoverSSMCommitContext.create(layers, spec_query_len=2, max_num_reqs=4)
+
+
+def test_create_refuses_layers_that_differ(device):
+    layers = _context(device)
+    conv, state, correction, key_gate = layers[1].kv_cache
+    layers[1] = CommitLayer((conv, state.bfloat16(), correction, key_gate), *list(layers[1].__dict__.values())[1:])
+    with pytest.raises(ValueError, match=r"layers\[1\]\.checkpoint_state: expected .* like layers\[0\]"):
+        KDARecoverSSMCommitContext.create(layers, spec_query_len=2, max_num_reqs=4)
+    short = _context(device)[:1]
+    short[0] = CommitLayer((torch.zeros(6, 8, 1, device=device), *short[0].kv_cache[1:]),
+                           *list(short[0].__dict__.values())[1:])
+    with pytest.raises(ValueError, match=r"layers\[0\]\.kv_cache\[0\]: its 1 entries a channel hold no history"):
+        KDARecoverSSMCommitContext.create(short, spec_query_len=2, max_num_reqs=4)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(state_indices=torch.ones(5, dtype=torch.int32)), "state_indices: 5 rows exceed the context's max_num_reqs"),
+    (dict(query_start_loc=torch.zeros(2, dtype=torch.int32)), "query_start_loc: expected 3 elements"),
+    (dict(num_accepted_tokens=torch.ones(2, dtype=torch.int64)), "num_accepted_tokens: expected int32"),
+    (dict(request_indices=torch.zeros(1, dtype=torch.int32)), "request_indices: holds 1 rows, the batch has 2"),
+    (dict(block_table=torch.ones(2, 2, dtype=torch.int32)), "block_table: align mode needs"),
+    (dict(block_table=torch.ones(2, 2, dtype=torch.int32), num_computed_tokens=torch.zeros(2, dtype=torch.int32),
+          mamba_block_size=1), r"mamba_block_size: expected an int >= spec_query_len \(2\)"),
+])
+def test_commit_names_the_bad_argument_and_writes_nothing(device, change, message):
+    layers = _context(device)
+    ctx = KDARecoverSSMCommitContext.create(layers, spec_query_len=2, max_num_reqs=4)
+    before = [t.clone() for layer in layers for t in layer.kv_cache]
+    args = dict(num_accepted_tokens=torch.full((2,), 2, dtype=torch.int32),
+                state_indices=torch.tensor([1, 2], dtype=torch.int32),
+                query_start_loc=torch.tensor([0, 2, 4], dtype=torch.int32))
+    args = {name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in {**args, **change}.items()}
+    with pytest.raises(ValueError, match=message):
+        ctx.commit(**args)
+    assert all(same_bits(a, b) for a, b in zip((t for layer in layers for t in layer.kv_cache), before))
