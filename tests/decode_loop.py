@@ -36,6 +36,7 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
     pending = torch.zeros(BATCH, dtype=torch.int32, device=device)
     A_log = torch.log(torch.empty(H).uniform_(1.0, 16.0, generator=g)).to(device)
     dt_bias = (torch.randn(H * K, generator=g) * 0.5).to(device)
+    keep = {} if consume_pending else {"consume_pending": False}  # modules without the option still run
 
     def i32(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
@@ -54,7 +55,7 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
             slots = i32([1, 2, 3, -1])
             if not fused:
                 api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, slots, rec_rows, pending, plan,
-                                         consume_pending=consume_pending)
+                                         **keep)
         lens = [T, T if mode == "align" else 1 + (step + 1) % T, T, 0]
         qsl = i32([0, *torch.tensor(lens).cumsum(0).tolist()])
         total = sum(lens)
@@ -85,4 +86,4 @@ def decode_loop(api, mode: str = "deferred", steps: int = 3, seed: int = 0, devi
                                       record_indices=record_indices)
     if mode == "deferred":
         api.kda_recoverssm_flush(pool, records, A_log, dt_bias, LOWER_BOUND, i32([1, 2, 3, -1]), rec_rows, pending,
-                                 plan, consume_pending=consume_pending)
+                                 plan, **keep)

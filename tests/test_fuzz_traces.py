@@ -85,11 +85,11 @@ def _spy_module() -> types.ModuleType:
         _in_range("commit boundary slots", p.boundary_state_indices[:B], -1, pool.shape[0])
         return ref.kda_recoverssm_commit(pool, records, A_log, dt_bias, lb, slots, p, record_indices)
 
-    def flush(pool, records, A_log, dt_bias, lb, slots, rows, pending, p):
+    def flush(pool, records, A_log, dt_bias, lb, slots, rows, pending, p, consume_pending=True):
         calls.append("flush")
         _in_range("flush slots", slots, -1, pool.shape[0])
         _in_range("flush record rows", rows, -1, pending.shape[0])
-        return ref.kda_recoverssm_flush(pool, records, A_log, dt_bias, lb, slots, rows, pending, p)
+        return ref.kda_recoverssm_flush(pool, records, A_log, dt_bias, lb, slots, rows, pending, p, consume_pending)
 
     spy.kda_recoverssm_verify, spy.kda_recoverssm_plan, spy.kda_recoverssm_defer = verify, plan, defer
     spy.kda_recoverssm_commit, spy.kda_recoverssm_flush = commit, flush
@@ -178,7 +178,8 @@ def _cases(valid: bytes, tmp: Path) -> list[tuple[str, bytes]]:
         def reshape(m, t, n=name, i=i):
             x = t[n]
             t[n] = x.reshape(-1)[:-1] if i % 3 == 0 and x.numel() > 1 else \
-                x.unsqueeze(0) if i % 3 == 1 else torch.cat([x, x[:1]]) if x.dim() and x.shape[0] else x.reshape(1, 1)
+                x.unsqueeze(0) if i % 3 == 1 else torch.cat([x, x[:1]]) if x.dim() and x.shape[0] else \
+                torch.zeros(1, 1, dtype=x.dtype)
         edited(f"shape-{name}", reshape)
     slot_tensors = _index_tensors(manifest, ("state_indices",))
     row_tensors = _index_tensors(manifest, ("record_indices", "record_rows"))
