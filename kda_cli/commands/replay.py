@@ -81,7 +81,9 @@ def replay(
 
 
 def _emit(report, manifest, format: str, interrupted: bool = False) -> None:
+    """The report; a stopped replay never reports passed (what it did not compare may fail)."""
     data = {**report.to_json(), "interrupted": interrupted}
+    data["passed"] = data["passed"] and not interrupted
     emit(data, format, lambda _: _render(report, manifest, interrupted))
 
 
