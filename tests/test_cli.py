@@ -38,7 +38,7 @@ def test_every_report_refuses_an_unknown_format_the_same_way(args, tmp_path, cap
 
 @pytest.mark.parametrize("args, message", [
     (["replay", "--bogus"], "No such option: --bogus"),
-    (["info"], "Missing argument"),
+    (["slice"], "Missing argument"),
     (["nosuch"], "No such command 'nosuch'"),
 ])
 def test_usage_errors_are_one_error_line_and_exit_2(args, message, capsys, monkeypatch):
@@ -46,6 +46,14 @@ def test_usage_errors_are_one_error_line_and_exit_2(args, message, capsys, monke
     lines = err.strip().splitlines()
     assert code == 2 and out == ""
     assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0] and "--help" in lines[0]
+
+
+def test_info_defaults_to_the_shipped_sample_as_replay_does(capsys, monkeypatch):
+    code, out, err = run_kda(["info", "--format", "json"], capsys, monkeypatch)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert Path(summary["path"]).name == "k3-tp8-sample.safetensors" and summary["events"] == 19
+    assert summary["dims"] == {"H": 12, "K": 128, "V": 128, "T": 8}
 
 
 def test_version_json(capsys, monkeypatch):

@@ -14,8 +14,8 @@ import typer
 from kda_cli.options import check_format, parse_range, parse_tolerances, resolve_range
 from kda_cli.output import Progress, emit, implementation_prints, make_console, plural, printable
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
+from kda_cli.sample import trace_path
 
-SAMPLE = "k3-tp8-sample.safetensors"
 MAX_DETAILED = 10
 """Failing tensors shown with their first and worst element in the human report."""
 
@@ -52,13 +52,7 @@ def replay(
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
-        if trace is None:
-            from importlib.resources import as_file, files
-
-            path = stack.enter_context(as_file(files("traces") / "samples" / SAMPLE))
-        else:
-            path = trace
-        opened = stack.enter_context(read_trace(path))
+        opened = stack.enter_context(read_trace(stack.enter_context(trace_path(trace))))
         span = resolve_range(events, len(opened.events))
         with implementation_prints(format):
             module = load_impl(impl)
