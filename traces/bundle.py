@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traces.determinism import DeterminismReport
+from traces.exit_status import how_it_ended
 from traces.files import umask
 from traces.impl import names_a_file
 from traces.provenance import environment
@@ -103,7 +104,8 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
             found = recheck.signature or ("a pass" if recheck.returncode == 0 else "no divergence")
             said = f": {recheck.error}" if recheck.error else ""
             raise BundleError(f"the shrunk trace does not fail the same way in a fresh process: expected "
-                              f"{result.divergence.signature}, got {found} (exit {recheck.returncode}{said})")
+                              f"{result.divergence.signature}, got {found} (the check "
+                              f"{how_it_ended(recheck.returncode)}{said})")
         (tmp / "report.md").write_text(_report(result, source, impl, command, recheck, original_events,
                                                determinism, settings))
         if out.exists():

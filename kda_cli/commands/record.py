@@ -89,6 +89,7 @@ def run(
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
     output_file(out, "OUT")
+    from traces.exit_status import how_it_ended
     from traces.record import RecordError, shards_dir
     from traces.record_run import RecordRunError, record_command
 
@@ -105,11 +106,11 @@ def run(
               "(TRITON_INTERPRET=1)", file=sys.stderr)
     code = run.exit_status
     if run.result is not None:
-        note = f" (merged from {shards_dir(out)} after the command exited with status {code})" \
+        note = f" (merged from {shards_dir(out)} after the command {how_it_ended(code)})" \
             if run.merged_from_shards else ""
         _print(run.result, format, note, exit_status=code, interpreter=run.interpreter)
     if code != 0:
-        raise CommandError(f"the command exited with status {code}", EXIT_RUNTIME)
+        raise CommandError(f"the command {how_it_ended(code)}", EXIT_RUNTIME)
     if run.result is None:
         hint = f"was {', '.join(patches)} imported?" if patches else \
             "does the program take the kernel API from traces.record.api(), or name its module with --patch?"
