@@ -70,8 +70,12 @@ def parse_range(text: Optional[str]) -> tuple[Optional[int], Optional[int]]:
 
 
 def resolve_range(text: Optional[str], count: int) -> tuple[int, int]:
-    """``--events`` against a trace of ``count`` events -> a half-open range within it."""
+    """``--events`` against a trace of ``count`` events -> a half-open range within it. A
+    trace with no events is bad input: there is nothing to run."""
     a, b = parse_range(text)
+    if count == 0:
+        raise CommandError("the trace has no events" + (f" (--events {text})" if text is not None else ""),
+                           EXIT_BAD_INPUT)
     a = 0 if a is None else a
     b = count if b is None else b
     if b > count:

@@ -59,9 +59,9 @@ def _render(s: dict) -> None:
         f"{s['dtypes']['state']} state; lower_bound {s['lower_bound']}; null id {s['null_id']}",
         f"buffers: {b['num_slots']} state slots, {b['num_record_rows']} record rows, {b['plan_rows']} plan rows; "
         f"final buffers {'recorded' if s['final_buffers'] else 'not recorded'}",
-        f"events: {s['events']}: " + ", ".join(
+        "events: " + (f"{s['events']}: " + ", ".join(
             f"{op} {n} ({s['events_with_expected'].get(op, 0)} with expected results)"
-            for op, n in s["events_per_op"].items()),
+            for op, n in s["events_per_op"].items()) if s["events"] else "none"),
     ]
     for key, value in s["provenance"].items():
         lines.append(f"{key}: {human_value(value)}")
