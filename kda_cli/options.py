@@ -24,16 +24,19 @@ def check_format(format: str) -> None:
 
 def parse_tolerances(atol: Iterable[str], rtol: Iterable[str]) -> dict:
     """``--atol``/``--rtol`` values ``DTYPE=X`` or ``X`` (every float dtype) -> per-dtype
-    ``Tolerance``, the defaults where not overridden."""
+    ``Tolerance``, the defaults where not overridden. ``DTYPE`` is a full or a short name
+    (``bfloat16`` or ``bf16``: ``traces.dtype_names``)."""
+    from traces.dtype_names import dtype_name, spelled
     from traces.tolerances import DEFAULT_TOLERANCES, Tolerance
 
     table = dict(DEFAULT_TOLERANCES)
     for option, values in (("atol", atol), ("rtol", rtol)):
         for value in values:
-            dtype, _, number = value.rpartition("=")
-            dtypes = [dtype] if dtype else list(table)
-            if dtype and dtype not in table:
-                raise CommandError(f"--{option} {value}: unknown dtype {dtype!r} (one of {', '.join(table)})",
+            given, _, number = value.rpartition("=")
+            dtype = dtype_name(given)
+            dtypes = [dtype] if given else list(table)
+            if given and dtype not in table:
+                raise CommandError(f"--{option} {value}: unknown dtype {given!r} (one of {spelled(table)})",
                                    EXIT_BAD_INPUT)
             try:
                 x = float(number)

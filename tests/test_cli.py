@@ -56,6 +56,30 @@ def test_info_defaults_to_the_shipped_sample_as_replay_does(capsys, monkeypatch)
     assert summary["dims"] == {"H": 12, "K": 128, "V": 128, "T": 8}
 
 
+@pytest.mark.parametrize("short, full", [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"),
+                                         ("fp64", "float64")])
+def test_one_dtype_vocabulary_for_tolerances_and_the_bench_state(short, full):
+    """``--atol``/``--rtol`` and ``kda bench --state-dtype`` take the same names, short or full."""
+    from kda_cli.options import parse_tolerances
+    from traces.bench.config import BenchConfig
+
+    for name in (short, full):
+        table = parse_tolerances([f"{name}=0.5"], [f"{name}=0.25"])
+        assert (table[full].atol, table[full].rtol) == (0.5, 0.25)
+        if full in ("float32", "bfloat16"):
+            assert BenchConfig(state_dtype=name).state_dtype == full
+        else:
+            with pytest.raises(ValueError, match=r"one of float32 \(fp32\), bfloat16 \(bf16\), got " + name):
+                BenchConfig(state_dtype=name)
+
+
+def test_an_unknown_tolerance_dtype_lists_both_spellings(capsys, monkeypatch):
+    code, out, err = run_kda(["replay", "--atol", "half=1"], capsys, monkeypatch)
+    assert code == 2 and err.strip().splitlines() == [
+        "Error: --atol half=1: unknown dtype 'half' (one of float64 (fp64), float32 (fp32), float16 (fp16), "
+        "bfloat16 (bf16))"]
+
+
 def test_version_json(capsys, monkeypatch):
     code, out, _ = run_kda(["version", "--format", "json"], capsys, monkeypatch)
     assert code == 0 and {"kda", "torch", "triton", "gpu"} <= set(json.loads(out))

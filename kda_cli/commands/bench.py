@@ -99,7 +99,7 @@ def bench(
     preset: Optional[str] = typer.Option(None, "--preset", help="workload shape: k3-tp8 (default), or tiny (smoke default)"),
     batch: Optional[str] = typer.Option(None, "--batch", help="batch sizes, comma-separated [preset's: 1,8,32,64,128,256]"),
     spec_len: Optional[str] = typer.Option(None, "--spec-len", help="window lengths T, comma-separated [preset's: 8]"),
-    state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="checkpoint state dtype: fp32 (default) or bf16"),
+    state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="checkpoint state dtype: float32/fp32 (default) or bfloat16/bf16"),
     accept: Optional[str] = typer.Option(None, "--accept",
                                          help="accepted tokens per row: full (T, default) or random (0..T, seeded)"),
     impl: List[str] = typer.Option(["triton"], "--impl", metavar="IMPL[,IMPL...]",
@@ -139,7 +139,7 @@ def bench(
     try:
         config = BenchConfig(
             preset=preset or ("tiny" if interpreter_smoke else "k3-tp8"), batches=parse_ints("--batch", batch),
-            spec_lens=parse_ints("--spec-len", spec_len), state_dtype=state_dtype or "fp32", accept=accept or "full",
+            spec_lens=parse_ints("--spec-len", spec_len), state_dtype=state_dtype or "float32", accept=accept or "full",
             impls=parse_names(impl), ops=parse_names([ops]) if ops is not None else OPS,
             mode="eager" if eager else "graph", reps=reps, row_seconds=row_seconds,
             touch_bytes=(touch_mb if touch_mb is not None else 512) * 2**20, seed=seed, smoke=interpreter_smoke)
