@@ -209,6 +209,51 @@ def test_output_paths_are_checked_before_any_work_and_nothing_is_created(args, n
     assert not any(folder.iterdir())
 
 
+@pytest.mark.parametrize("args, option", [
+    (["synth", "{old}"], "OUT"),
+    (["slice", "{trace}", "--events", "0:1", "--out", "{old}"], "--out"),
+    (["record", "merge", "{folder}", "{old}"], "OUT"),
+    (["record", "run", "{old}", "--", "true"], "OUT"),
+    (["bench", "--interpreter-smoke", "--save", "{old}"], "--save"),
+    (["bench", "--interpreter-smoke", "--plot", "{old}"], "--plot"),
+])
+def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp_path):
+    """Before any work: one line, exit 2, the file as it was; ``--force`` is what overwrites."""
+    (tmp_path / "folder").mkdir()
+    old = tmp_path / "old.out"
+    old.write_text("an earlier result")
+    trace = tmp_path / "t.safetensors"
+    trace.write_bytes(b"")
+    done = _kda(*(a.format(old=old, trace=trace, folder=tmp_path / "folder") for a in args))
+    assert done.returncode == 2 and done.stdout == ""
+    assert _one_error(done.stderr) == f"Error: {option} {old}: exists (--force overwrites it)"
+    assert old.read_text() == "an earlier result"
+
+
+def test_force_overwrites_and_repro_replaces_only_a_bundle(tmp_path, capsys, monkeypatch):
+    from kda_cli.options import output_folder
+    from kda_cli.runtime import CommandError
+    from traces.bundle import is_bundle
+
+    out = tmp_path / "t.safetensors"
+    out.write_text("an earlier result")
+    code, stdout, err = run_kda(["synth", str(out), "--requests", "1", "--steps", "1", "--force"], capsys, monkeypatch)
+    assert code == 0 and stdout.startswith(f"wrote {out}: "), err
+    bundle, other = tmp_path / "bug", tmp_path / "notes"
+    for folder, names in ((bundle, ("trace.safetensors", "report.md", "repro.sh")), (other, ("repro.sh", "todo.txt"))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text("x")
+    assert is_bundle(bundle) and not is_bundle(other)
+    output_folder(bundle, "--out", replaceable=is_bundle)
+    for replaceable, said in ((None, "is not an empty folder"),
+                              (is_bundle, "is not an empty folder; --force replaces only an earlier bundle")):
+        with pytest.raises(CommandError, match=f"--out {other}: {said}$"):
+            output_folder(other, "--out", replaceable=replaceable)
+    done = _kda("repro", str(out), "--out", str(other), "--force")
+    assert done.returncode == 2 and _one_error(done.stderr).endswith("--force replaces only an earlier bundle")
+
+
 def test_long_work_reports_progress_outside_a_terminal(tmp_path):
     out = tmp_path / "t.safetensors"
     done = _kda("synth", str(out), "--requests", "3")

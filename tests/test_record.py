@@ -258,3 +258,6 @@ def test_a_program_killed_by_a_signal_is_named_merged_and_its_shards_removed(tmp
     assert out.startswith(f"wrote {path}: 10 events; event 9 never returned") and "killed by SIGKILL" in out
     assert _ops(path) == DEFERRED_OPS[:10]
     assert not shards_dir(path).exists()  # merged, so gone: the same command can run again
+    code, out, err = run_kda([*command[:3], "--force", *command[3:]], capsys, monkeypatch)
+    assert code == 3 and out.startswith(f"wrote {path}: 10 events"), err
+    assert not shards_dir(path).exists()

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, output_file, parse_ints, parse_names
+from kda_cli.options import check_format, force_option, output_file, parse_ints, parse_names
 from kda_cli.output import emit, implementation_prints, make_console, note, plural
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input
 
@@ -121,6 +121,7 @@ def bench(
     plot: Optional[Path] = typer.Option(None, "--plot", help="write GB/s against batch to this PNG (needs matplotlib)"),
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
+    force: bool = force_option("the --save and --plot files"),
 ) -> None:
     """Time verify, plan, defer, commit, flush, flush-verify and whole decode steps on a CUDA GPU.
 
@@ -147,7 +148,7 @@ def bench(
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     for option, path in (("--save", save), ("--plot", plot)):
         if path is not None:
-            output_file(path, option, inputs=[Path(trace)] if trace is not None else [])
+            output_file(path, option, inputs=[Path(trace)] if trace is not None else [], force=force)
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
