@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -252,6 +253,60 @@ def test_force_overwrites_and_repro_replaces_only_a_bundle(tmp_path, capsys, mon
             output_folder(other, "--out", replaceable=replaceable)
     done = _kda("repro", str(out), "--out", str(other), "--force")
     assert done.returncode == 2 and _one_error(done.stderr).endswith("--force replaces only an earlier bundle")
+
+
+def test_progress_shows_the_time_left_from_the_weights_done(monkeypatch, capsys):
+    import kda_cli.output as output
+
+    clock = iter([100.0, 100.0, 110.0])
+    monkeypatch.setattr(output.time, "monotonic", lambda: next(clock))
+    with output.Progress("replay", 3, terminal=False, weights=[1.0, 3.0, 0.0]) as bar:
+        bar.update(1)  # 10 s for a weight of 1: 3 to go
+    assert capsys.readouterr().err == "replay: 1/3, about 30 s left\n"
+    assert [output.duration(s) for s in (0.2, 89, 91, 5300, 5401)] == ["1 s", "89 s", "2 min", "88 min", "1 h 30 min"]
+
+
+def test_an_interpreter_replay_says_how_long_before_it_starts_and_what_is_left(tmp_path):
+    """Before the first event: an estimate from the trace's sizes, and the reference hint for
+    a long run; then the time left."""
+    sample = REPO / "traces" / "samples" / "k3-tp8-sample.safetensors"
+    proc = subprocess.Popen([sys.executable, "-m", "kda_cli", "replay", str(sample), "--format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        first = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert re.fullmatch(r"replay: 19 events through the Triton interpreter \(no CUDA device\): roughly \d+ s on a "
+                        r"2-core CPU, by the trace's sizes; --impl reference replays it in seconds \(it checks the "
+                        r"trace, not the Triton kernels\)\n", first), first
+    from tests.trace_helpers import TINY, make_trace
+    from traces.synth import SynthConfig
+
+    tiny = make_trace(tmp_path / "t.safetensors", SynthConfig(**{**TINY.__dict__, "requests": 2}))
+    done = _kda("replay", str(tiny), "--format", "json", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert re.fullmatch(r"replay: \d+ events through the Triton interpreter \(no CUDA device\): roughly \d+ s on a "
+                        r"2-core CPU, by the trace's sizes", lines[0]), lines  # short: no hint
+    assert re.fullmatch(r"replay: 1/\d+, about \d+ s left", lines[1]), lines
+    done = _kda("replay", str(tiny), "--impl", "reference", "--format", "json", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0 and "interpreter" not in done.stderr, done.stderr
+
+
+def test_event_costs_follow_rows_heads_and_the_state_tile(tmp_path):
+    from tests.trace_helpers import make_trace
+    from traces.io import read_trace
+    from traces.replay_cost import SMALL_OP_UNITS, TILE_OVERHEAD, event_units
+
+    with read_trace(make_trace(tmp_path / "t.safetensors")) as trace:
+        units = event_units(trace)
+        d = trace.manifest.dims
+        for event, cost in zip(trace.events, units):
+            rows = trace.meta(event.inputs["state_indices"]).shape[0]
+            want = {"verify": 1.0, "commit": 0.7, "flush": 0.7}.get(event.op)
+            assert cost == (SMALL_OP_UNITS if want is None else want * rows * d.H * (d.K * d.V + TILE_OVERHEAD))
 
 
 def test_long_work_reports_progress_outside_a_terminal(tmp_path):

@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from kda_cli.options import check_format, parse_range, parse_tolerances, resolve_range
-from kda_cli.output import Progress, emit, implementation_prints, make_console, plural, printable
+from kda_cli.output import Progress, duration, emit, implementation_prints, make_console, note, plural, printable
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 from kda_cli.sample import trace_path
 
@@ -21,6 +21,9 @@ MAX_DETAILED = 10
 
 PIPE_WIDTH = 160
 """Columns of the human report written to a file or a pipe: tables are not truncated."""
+
+HINT_SECONDS = 30.0
+"""An interpreter run estimated longer than this gets the hint to replay through the reference."""
 
 
 def replay(
@@ -49,6 +52,7 @@ def replay(
     from traces.impl import load_impl
     from traces.io import read_trace
     from traces.replay import ReplayFailure, ReplayInterrupted, replay as run_replay
+    from traces.replay_cost import event_units
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
@@ -56,7 +60,10 @@ def replay(
         span = resolve_range(events, len(opened.events))
         with implementation_prints(format):
             module = load_impl(impl)
-        bar = stack.enter_context(Progress("replay", span[1], enabled=progress))
+        units = event_units(opened)[:span[1]]
+        if progress and device == "cpu" and impl != "reference":
+            note(_interpreter_estimate(units, impl))
+        bar = stack.enter_context(Progress("replay", span[1], enabled=progress, weights=units))
         try:
             with implementation_prints(format):
                 report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
@@ -72,6 +79,17 @@ def replay(
     _emit(report, opened.manifest, format)
     if not report.passed:
         raise typer.Exit(EXIT_MISMATCH)
+
+
+def _interpreter_estimate(units: list[float], impl: str) -> str:
+    """Before an interpreter run: how long it may take, and the faster way where it fits."""
+    from traces.replay_cost import rough_seconds
+
+    seconds = rough_seconds(sum(units))
+    hint = "; --impl reference replays it in seconds (it checks the trace, not the Triton kernels)" \
+        if impl == "triton" and seconds > HINT_SECONDS else ""
+    return (f"replay: {plural(len(units), 'event')} through the Triton interpreter (no CUDA device): roughly "
+            f"{duration(seconds)} on a 2-core CPU, by the trace's sizes{hint}")
 
 
 def _emit(report, manifest, format: str, interrupted: bool = False) -> None:
