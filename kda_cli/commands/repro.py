@@ -58,8 +58,8 @@ def repro(
 
     try:
         with bad_input(), implementation_prints(format):
-            found = reproduce(trace, out, replace=force, impl=impl, oracle=oracle, device=device, tolerances=tolerances,
-                              replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
+            found = reproduce(trace, out, replace=force, impl=impl, oracle=oracle, device=device,
+                              tolerances=tolerances, replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
                               determinism=determinism, max_checks=max_checks,
                               progress=lambda line: note(f"repro: {line}"))
     except KeyboardInterrupt:
@@ -73,6 +73,7 @@ def repro(
 
 
 def _earlier_bundle(folder: Path) -> bool:
+    """``traces.bundle.is_bundle``, imported only when a folder is to be replaced (it imports torch)."""
     from traces.bundle import is_bundle
 
     return is_bundle(folder)
