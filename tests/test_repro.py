@@ -183,8 +183,8 @@ def test_slice_cuts_events_and_replays_exactly(recorded, tmp_path, capsys, monke
                                  "--no-progress"], capsys, monkeypatch)
     assert code == 0, stdout + err
 
-    code, stdout, err = run_kda(["slice", str(recorded["deferred"]), "--events", "9:99", "--out", str(out)],
-                                capsys, monkeypatch)
+    code, stdout, err = run_kda(["slice", str(recorded["deferred"]), "--events", "9:99", "--out",
+                                 str(tmp_path / "past.safetensors")], capsys, monkeypatch)
     assert code == 2 and err.startswith("Error:") and "events 0..15" in err
 
 
