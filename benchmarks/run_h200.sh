@@ -36,19 +36,19 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-step bench-T8 kda bench --spec-len 8 --batch 1,2,3,4,8,32,64,128,256 --save "$OUT/bench-k3-tp8-T8.json" \
+step bench-T8 kda bench --spec-len 8 --batch 1,2,3,4,8,32,64,128,256 --save "$OUT/bench-k3-tp8-T8.json" --force \
     ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
-step bench-T4 kda bench --spec-len 4 --save "$OUT/bench-k3-tp8-T4.json" ${BENCH_ARGS:-}
+step bench-T4 kda bench --spec-len 4 --save "$OUT/bench-k3-tp8-T4.json" --force ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-dependent kda bench --spec-len 8 --ops verify,commit,step-stock,step-deferred \
-    --impl triton,benchmarks/variants/plain_order.py --save "$OUT/bench-dependent-launch.json" ${BENCH_ARGS:-}
+    --impl triton,benchmarks/variants/plain_order.py --save "$OUT/bench-dependent-launch.json" --force ${BENCH_ARGS:-}
 # shellcheck disable=SC2086
 step bench-trace kda bench --trace traces/samples/k3-tp8-sample.safetensors \
-    --save "$OUT/bench-trace-sample.json" ${BENCH_ARGS:-} > "$LOGS/bench-trace.txt"
+    --save "$OUT/bench-trace-sample.json" --force ${BENCH_ARGS:-} > "$LOGS/bench-trace.txt"
 
 trace="$LOGS/k3-tp8-64req.safetensors"
-step synth kda synth "$trace" --preset k3-tp8 --mode mixed --requests 64 --max-batch 8 --seed 1 > /dev/null
+step synth kda synth "$trace" --force --preset k3-tp8 --mode mixed --requests 64 --max-batch 8 --seed 1 > /dev/null
 step replay-triton kda replay "$trace" --impl triton --format json > "$OUT/replay-k3-triton.json"
 step replay-reference kda replay "$trace" --impl reference --format json > "$OUT/replay-k3-reference.json"
 python3 - "$OUT" <<'PY'

@@ -8,7 +8,7 @@ import math
 
 import os
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from kda_cli.runtime import EXIT_BAD_INPUT, CommandError
 
@@ -24,16 +24,19 @@ def check_format(format: str) -> None:
 
 def parse_tolerances(atol: Iterable[str], rtol: Iterable[str]) -> dict:
     """``--atol``/``--rtol`` values ``DTYPE=X`` or ``X`` (every float dtype) -> per-dtype
-    ``Tolerance``, the defaults where not overridden."""
+    ``Tolerance``, the defaults where not overridden. ``DTYPE`` is a full or a short name
+    (``bfloat16`` or ``bf16``: ``traces.dtype_names``)."""
+    from traces.dtype_names import dtype_name, spelled
     from traces.tolerances import DEFAULT_TOLERANCES, Tolerance
 
     table = dict(DEFAULT_TOLERANCES)
     for option, values in (("atol", atol), ("rtol", rtol)):
         for value in values:
-            dtype, _, number = value.rpartition("=")
-            dtypes = [dtype] if dtype else list(table)
-            if dtype and dtype not in table:
-                raise CommandError(f"--{option} {value}: unknown dtype {dtype!r} (one of {', '.join(table)})",
+            given, _, number = value.rpartition("=")
+            dtype = dtype_name(given)
+            dtypes = [dtype] if given else list(table)
+            if given and dtype not in table:
+                raise CommandError(f"--{option} {value}: unknown dtype {given!r} (one of {spelled(table)})",
                                    EXIT_BAD_INPUT)
             try:
                 x = float(number)
@@ -70,8 +73,12 @@ def parse_range(text: Optional[str]) -> tuple[Optional[int], Optional[int]]:
 
 
 def resolve_range(text: Optional[str], count: int) -> tuple[int, int]:
-    """``--events`` against a trace of ``count`` events -> a half-open range within it."""
+    """``--events`` against a trace of ``count`` events -> a half-open range within it. A
+    trace with no events is bad input: there is nothing to run."""
     a, b = parse_range(text)
+    if count == 0:
+        raise CommandError("the trace has no events" + (f" (--events {text})" if text is not None else ""),
+                           EXIT_BAD_INPUT)
     a = 0 if a is None else a
     b = count if b is None else b
     if b > count:
@@ -117,10 +124,17 @@ def _writable_folder(folder: Path, option: str, path: Path) -> None:
         raise CommandError(f"{option} {path}: cannot write in {folder} (permission denied)", EXIT_BAD_INPUT)
 
 
-def output_file(path: Path, option: str, *, inputs: Iterable[Path] = ()) -> None:
+def force_option(what: str):
+    """The ``--force`` flag of a command that writes ``what``: without it an existing output is refused."""
+    import typer
+
+    return typer.Option(False, "--force", help=f"Overwrite {what} when it exists (refused otherwise).")
+
+
+def output_file(path: Path, option: str, *, inputs: Iterable[Path] = (), force: bool = False) -> None:
     """Refuse, before any work, a file that could not be written: its folder missing, not a
-    folder or not writable; the path an existing folder; or one of ``inputs`` itself.
-    Nothing is created."""
+    folder or not writable; the path an existing folder; one of ``inputs`` itself; or,
+    unless ``force``, an existing file. Nothing is created."""
     path = Path(path)
     if path.is_dir():
         raise CommandError(f"{option} {path}: is a folder; name a file", EXIT_BAD_INPUT)
@@ -129,19 +143,23 @@ def output_file(path: Path, option: str, *, inputs: Iterable[Path] = ()) -> None
     for source in inputs:
         if path.exists() and Path(source).exists() and path.resolve() == Path(source).resolve():
             raise CommandError(f"{option} {path}: would overwrite the input", EXIT_BAD_INPUT)
+    if path.exists() and not force:
+        raise CommandError(f"{option} {path}: exists (--force overwrites it)", EXIT_BAD_INPUT)
     _writable_folder(path.parent if str(path.parent) else Path("."), option, path)
 
 
-def output_folder(path: Path, option: str) -> None:
+def output_folder(path: Path, option: str, *, replaceable: Callable[[Path], bool] | None = None) -> None:
     """Refuse, before any work, a folder that could not be written whole: one that exists
-    and is not empty (or not a folder), the current folder (it would be replaced under the
-    shell), or one whose parent is missing or not writable."""
+    and is not empty (unless ``replaceable`` says it may be replaced: ``--force``), or is not
+    a folder; the current folder (it would be replaced under the shell); or one whose
+    parent is missing or not writable."""
     path = Path(path)
     if path.exists():
         if not path.is_dir():
             raise CommandError(f"{option} {path}: exists and is not a folder", EXIT_BAD_INPUT)
-        if any(path.iterdir()):
-            raise CommandError(f"{option} {path}: is not an empty folder", EXIT_BAD_INPUT)
+        if any(path.iterdir()) and not (replaceable is not None and replaceable(path)):
+            hint = "; --force replaces only an earlier bundle" if replaceable is not None else ""
+            raise CommandError(f"{option} {path}: is not an empty folder{hint}", EXIT_BAD_INPUT)
         if path.resolve() == Path.cwd().resolve():
             raise CommandError(f"{option} {path}: is the current folder; name a new or empty one", EXIT_BAD_INPUT)
     _writable_folder(path.resolve().parent, option, path)

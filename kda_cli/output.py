@@ -13,7 +13,7 @@ import sys
 import time
 import unicodedata
 from contextlib import AbstractContextManager, nullcontext, redirect_stdout
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 LINE_SECONDS = 5.0
 """Least time between two progress lines outside a terminal."""
@@ -73,6 +73,14 @@ def human_value(value: Any) -> str:
     return str(value)
 
 
+def duration(seconds: float) -> str:
+    """``40 s``, ``14 min``, ``2 h 5 min``: a time to wait, as precise as it is worth."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60} min"
+
+
 def note(message: str) -> None:
     """One line of progress or context on stderr."""
     print(message, file=sys.stderr, flush=True)
@@ -81,27 +89,43 @@ def note(message: str) -> None:
 class Progress:
     """Progress of ``total`` steps on stderr: a transient bar on a terminal, else a line
     ``"{label}: done/total"`` on the first update and then at most every ``LINE_SECONDS``;
-    nothing when ``enabled`` is false.
+    nothing when ``enabled`` is false. With ``weights`` (each step's relative cost), both
+    show the time left (``about 3 min left``): the time so far, scaled by the weight left
+    over the weight done.
 
     Use as a context manager; ``update(done, total)`` matches the engines' progress callbacks.
     """
 
-    def __init__(self, label: str, total: int, enabled: bool = True, terminal: bool | None = None):
+    def __init__(self, label: str, total: int, enabled: bool = True, terminal: bool | None = None,
+                 weights: Sequence[float] | None = None):
         self.label, self.total, self.enabled = label, total, enabled
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.weights = list(weights) if weights is not None else None
         self.bar = self.task = None
         self.last_line: float | None = None
+        self.started = time.monotonic()
         self.done = 0
 
     def __enter__(self) -> "Progress":
+        self.started = time.monotonic()
         if self.enabled and self.terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
             self.bar = Bar(self.label, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           console=make_console(stderr=True), transient=True)
+                           TextColumn("{task.fields[left]}"), console=make_console(stderr=True), transient=True)
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.label, total=self.total)
+            self.task = self.bar.add_task(self.label, total=self.total, left="")
         return self
+
+    def left(self, now: float) -> str:
+        """``about 3 min left`` at time ``now`` (``time.monotonic``), from the weights of the
+        steps done and to do; ``""`` without weights or before a step with weight is done."""
+        if self.weights is None:
+            return ""
+        done, to_do = sum(self.weights[:self.done]), sum(self.weights[self.done:self.total])
+        if done <= 0:
+            return ""
+        return f"about {duration((now - self.started) * to_do / done)} left" if to_do > 0 else ""
 
     def update(self, done: int, total: int | None = None) -> None:
         self.done = done
@@ -109,13 +133,14 @@ class Progress:
             self.total = total
         if not self.enabled:
             return
-        if self.bar is not None:
-            self.bar.update(self.task, completed=done, total=self.total)
-            return
         now = time.monotonic()
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=self.total, left=self.left(now))
+            return
         if self.last_line is None or now - self.last_line >= LINE_SECONDS:
             self.last_line = now
-            note(f"{self.label}: {done}/{self.total}")
+            left = self.left(now)
+            note(f"{self.label}: {done}/{self.total}" + (f", {left}" if left else ""))
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:

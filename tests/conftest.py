@@ -2,8 +2,9 @@
 
 The interpreter must be chosen before any kernel module is imported, so it is set here,
 at collection time, and nowhere in ``kernels/``. Random inputs take their seeds from
-``tests.seeds.fresh_seed``: the run's base seed is in the header and in every failure
-report, and ``KDA_TEST_SEED=N`` replays a run's inputs.
+``tests.seeds.fresh_seed``: the run's base seed is in the header, the closing summary
+(shown under ``-q`` too) and every failure report, and ``KDA_TEST_SEED=N`` replays a
+run's inputs.
 """
 
 import os
@@ -32,8 +33,17 @@ def device() -> str:
     return DEVICE
 
 
-def pytest_report_header(config):
+def _seed_line() -> str:
     return f"test seeds: {seeds.VARIABLE}={seeds.BASE} (set it to replay this run's random inputs)"
+
+
+def pytest_report_header(config):
+    return _seed_line()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The seed again at the end, where ``-q`` (which drops the header) shows it too."""
+    terminalreporter.write_line(_seed_line())
 
 
 @pytest.fixture(autouse=True)

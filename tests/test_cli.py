@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ def test_every_report_refuses_an_unknown_format_the_same_way(args, tmp_path, cap
 
 @pytest.mark.parametrize("args, message", [
     (["replay", "--bogus"], "No such option: --bogus"),
-    (["info"], "Missing argument"),
+    (["slice"], "Missing argument"),
     (["nosuch"], "No such command 'nosuch'"),
 ])
 def test_usage_errors_are_one_error_line_and_exit_2(args, message, capsys, monkeypatch):
@@ -46,6 +47,38 @@ def test_usage_errors_are_one_error_line_and_exit_2(args, message, capsys, monke
     lines = err.strip().splitlines()
     assert code == 2 and out == ""
     assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0] and "--help" in lines[0]
+
+
+def test_info_defaults_to_the_shipped_sample_as_replay_does(capsys, monkeypatch):
+    code, out, err = run_kda(["info", "--format", "json"], capsys, monkeypatch)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert Path(summary["path"]).name == "k3-tp8-sample.safetensors" and summary["events"] == 19
+    assert summary["dims"] == {"H": 12, "K": 128, "V": 128, "T": 8}
+
+
+@pytest.mark.parametrize("short, full", [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"),
+                                         ("fp64", "float64")])
+def test_one_dtype_vocabulary_for_tolerances_and_the_bench_state(short, full):
+    """``--atol``/``--rtol`` and ``kda bench --state-dtype`` take the same names, short or full."""
+    from kda_cli.options import parse_tolerances
+    from traces.bench.config import BenchConfig
+
+    for name in (short, full):
+        table = parse_tolerances([f"{name}=0.5"], [f"{name}=0.25"])
+        assert (table[full].atol, table[full].rtol) == (0.5, 0.25)
+        if full in ("float32", "bfloat16"):
+            assert BenchConfig(state_dtype=name).state_dtype == full
+        else:
+            with pytest.raises(ValueError, match=r"one of float32 \(fp32\), bfloat16 \(bf16\), got " + name):
+                BenchConfig(state_dtype=name)
+
+
+def test_an_unknown_tolerance_dtype_lists_both_spellings(capsys, monkeypatch):
+    code, out, err = run_kda(["replay", "--atol", "half=1"], capsys, monkeypatch)
+    assert code == 2 and err.strip().splitlines() == [
+        "Error: --atol half=1: unknown dtype 'half' (one of float64 (fp64), float32 (fp32), float16 (fp16), "
+        "bfloat16 (bf16))"]
 
 
 def test_version_json(capsys, monkeypatch):
@@ -175,6 +208,105 @@ def test_output_paths_are_checked_before_any_work_and_nothing_is_created(args, n
     assert needle in _one_error(done.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "t.safetensors"]
     assert not any(folder.iterdir())
+
+
+@pytest.mark.parametrize("args, option", [
+    (["synth", "{old}"], "OUT"),
+    (["slice", "{trace}", "--events", "0:1", "--out", "{old}"], "--out"),
+    (["record", "merge", "{folder}", "{old}"], "OUT"),
+    (["record", "run", "{old}", "--", "true"], "OUT"),
+    (["bench", "--interpreter-smoke", "--save", "{old}"], "--save"),
+    (["bench", "--interpreter-smoke", "--plot", "{old}"], "--plot"),
+])
+def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp_path):
+    """Before any work: one line, exit 2, the file as it was; ``--force`` is what overwrites."""
+    (tmp_path / "folder").mkdir()
+    old = tmp_path / "old.out"
+    old.write_text("an earlier result")
+    trace = tmp_path / "t.safetensors"
+    trace.write_bytes(b"")
+    done = _kda(*(a.format(old=old, trace=trace, folder=tmp_path / "folder") for a in args))
+    assert done.returncode == 2 and done.stdout == ""
+    assert _one_error(done.stderr) == f"Error: {option} {old}: exists (--force overwrites it)"
+    assert old.read_text() == "an earlier result"
+
+
+def test_force_overwrites_and_repro_replaces_only_a_bundle(tmp_path, capsys, monkeypatch):
+    from kda_cli.options import output_folder
+    from kda_cli.runtime import CommandError
+    from traces.bundle import is_bundle
+
+    out = tmp_path / "t.safetensors"
+    out.write_text("an earlier result")
+    code, stdout, err = run_kda(["synth", str(out), "--requests", "1", "--steps", "1", "--force"], capsys, monkeypatch)
+    assert code == 0 and stdout.startswith(f"wrote {out}: "), err
+    bundle, other = tmp_path / "bug", tmp_path / "notes"
+    for folder, names in ((bundle, ("trace.safetensors", "report.md", "repro.sh")), (other, ("repro.sh", "todo.txt"))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text("x")
+    assert is_bundle(bundle) and not is_bundle(other)
+    output_folder(bundle, "--out", replaceable=is_bundle)
+    for replaceable, said in ((None, "is not an empty folder"),
+                              (is_bundle, "is not an empty folder; --force replaces only an earlier bundle")):
+        with pytest.raises(CommandError, match=f"--out {other}: {said}$"):
+            output_folder(other, "--out", replaceable=replaceable)
+    done = _kda("repro", str(out), "--out", str(other), "--force")
+    assert done.returncode == 2 and _one_error(done.stderr).endswith("--force replaces only an earlier bundle")
+
+
+def test_progress_shows_the_time_left_from_the_weights_done(monkeypatch, capsys):
+    import kda_cli.output as output
+
+    clock = iter([100.0, 100.0, 110.0])
+    monkeypatch.setattr(output.time, "monotonic", lambda: next(clock))
+    with output.Progress("replay", 3, terminal=False, weights=[1.0, 3.0, 0.0]) as bar:
+        bar.update(1)  # 10 s for a weight of 1: 3 to go
+    assert capsys.readouterr().err == "replay: 1/3, about 30 s left\n"
+    assert [output.duration(s) for s in (0.2, 89, 91, 5300, 5401)] == ["1 s", "89 s", "2 min", "88 min", "1 h 30 min"]
+
+
+def test_an_interpreter_replay_says_how_long_before_it_starts_and_what_is_left(tmp_path):
+    """Before the first event: an estimate from the trace's sizes, and the reference hint for
+    a long run; then the time left."""
+    sample = REPO / "traces" / "samples" / "k3-tp8-sample.safetensors"
+    proc = subprocess.Popen([sys.executable, "-m", "kda_cli", "replay", str(sample), "--format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        first = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert re.fullmatch(r"replay: 19 events through the Triton interpreter \(no CUDA device\): roughly \d+ s on a "
+                        r"2-core CPU, by the trace's sizes; --impl reference replays it in seconds \(it checks the "
+                        r"trace, not the Triton kernels\)\n", first), first
+    from tests.trace_helpers import TINY, make_trace
+    from traces.synth import SynthConfig
+
+    tiny = make_trace(tmp_path / "t.safetensors", SynthConfig(**{**TINY.__dict__, "requests": 2}))
+    done = _kda("replay", str(tiny), "--format", "json", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert re.fullmatch(r"replay: \d+ events through the Triton interpreter \(no CUDA device\): roughly \d+ s on a "
+                        r"2-core CPU, by the trace's sizes", lines[0]), lines  # short: no hint
+    assert re.fullmatch(r"replay: 1/\d+, about \d+ s left", lines[1]), lines
+    done = _kda("replay", str(tiny), "--impl", "reference", "--format", "json", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0 and "interpreter" not in done.stderr, done.stderr
+
+
+def test_event_costs_follow_rows_heads_and_the_state_tile(tmp_path):
+    from tests.trace_helpers import make_trace
+    from traces.io import read_trace
+    from traces.replay_cost import SMALL_OP_UNITS, TILE_OVERHEAD, event_units
+
+    with read_trace(make_trace(tmp_path / "t.safetensors")) as trace:
+        units = event_units(trace)
+        d = trace.manifest.dims
+        for event, cost in zip(trace.events, units):
+            rows = trace.meta(event.inputs["state_indices"]).shape[0]
+            want = {"verify": 1.0, "commit": 0.7, "flush": 0.7}.get(event.op)
+            assert cost == (SMALL_OP_UNITS if want is None else want * rows * d.H * (d.K * d.V + TILE_OVERHEAD))
 
 
 def test_long_work_reports_progress_outside_a_terminal(tmp_path):

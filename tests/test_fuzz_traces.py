@@ -444,7 +444,7 @@ def test_generated_damaged_shards_merge_up_to_the_damage(seed, tmp_path, capsys,
         data[rng.choice([i for i in range(len(data)) if i not in padding])] ^= 1 << rng.randrange(8)
         path.write_bytes(bytes(data))
         code, out, err = run_kda(["record", "merge", str(shards), str(tmp_path / "merged.safetensors"), "--format",
-                                  "json"], capsys, monkeypatch)
+                                  "json", "--force"], capsys, monkeypatch)
         assert code == 0, err
         merged = json.loads(out)
         assert merged["events"] == index and merged["dropped_because"].startswith(path.name), merged

@@ -161,8 +161,18 @@ def test_bad_options_and_leftover_shards_are_refused(tmp_path):
     with pytest.raises(RecordError, match="ops"):
         Recorder(tmp_path / "a.safetensors", "reference", ops=["prefill"])
     shards_dir(tmp_path / "b.safetensors").mkdir()
-    with pytest.raises(RecordError, match="exists"):
+    with pytest.raises(RecordError, match="a recording that never finished: kda record merge .* keeps its events"):
         Recorder(tmp_path / "b.safetensors", "reference")
+
+
+def test_record_run_names_a_stale_shards_folder_and_what_to_do(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "b.safetensors"
+    shards_dir(path).mkdir()
+    code, out, err = run_kda(["record", "run", str(path), "--", sys.executable, "-c", "pass"], capsys, monkeypatch)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"Error: {shards_dir(path)} holds the shards of a recording that never "
+                                        f"finished: kda record merge {shards_dir(path)} TRACE keeps its events; "
+                                        "remove the folder to discard them"]
 
 
 def test_environment_variable_turns_the_hook_into_a_recorder(tmp_path, monkeypatch):
@@ -192,14 +202,15 @@ def kda_recoverssm_commit(*args, **kwargs):
     global calls
     calls += 1
     if calls == 2:
-        os._exit(7)  # the process dies inside the call
+        {death}  # the process dies inside the call
     return ref.kda_recoverssm_commit(*args, **kwargs)
 """
 
 
-def _program(tmp_path: Path, device: str) -> Path:
-    """A decode loop recorded through ``traces.record.api`` on ``device`` (the one kda replays on)."""
-    (tmp_path / "dying_impl.py").write_text(_DYING_PROGRAM.format(repo=str(REPO)))
+def _program(tmp_path: Path, device: str, death: str = "os._exit(7)") -> Path:
+    """A decode loop recorded through ``traces.record.api`` on ``device`` (the one kda replays on);
+    ``dying_impl.py`` beside it runs ``death`` in its second commit."""
+    (tmp_path / "dying_impl.py").write_text(_DYING_PROGRAM.format(repo=str(REPO), death=death))
     main = tmp_path / "main.py"
     main.write_text(textwrap.dedent(f"""
         import sys
@@ -239,3 +250,18 @@ def test_record_run_records_a_program(tmp_path, capsys, monkeypatch, device):
     assert [op for op in _ops(path) if op != "write"] == ["verify"] * 3
     with read_trace(path) as trace:
         assert Tape.load(trace).provenance["command"].endswith("main.py")
+
+
+def test_a_program_killed_by_a_signal_is_named_merged_and_its_shards_removed(tmp_path, capsys, monkeypatch, device):
+    main = _program(tmp_path, device, death="os.kill(os.getpid(), 9)")
+    path = tmp_path / "killed.safetensors"
+    command = ["record", "run", str(path), "--impl", str(tmp_path / "dying_impl.py"), "--", sys.executable, str(main)]
+    code, out, err = run_kda(command, capsys, monkeypatch)
+    assert code == 3
+    assert err.strip().splitlines()[-1] == "Error: the command was killed by SIGKILL"
+    assert out.startswith(f"wrote {path}: 10 events; event 9 never returned") and "killed by SIGKILL" in out
+    assert _ops(path) == DEFERRED_OPS[:10]
+    assert not shards_dir(path).exists()  # merged, so gone: the same command can run again
+    code, out, err = run_kda([*command[:3], "--force", *command[3:]], capsys, monkeypatch)
+    assert code == 3 and out.startswith(f"wrote {path}: 10 events"), err
+    assert not shards_dir(path).exists()

@@ -106,6 +106,15 @@ def test_implementation_that_raises_is_shrunk_to_the_raising_call(recorded, tmp_
     assert done.stderr.strip().splitlines() == [
         f"repro.sh: {fake / 'bare'} cannot import kda; set KDA_PYTHON to a Python that has it"]
 
+    # the bundle is there: refused again, replaced whole with --force
+    (bundle / "report.md").write_text("an earlier report")
+    again = ["repro", str(recorded["deferred"]), "--out", str(bundle), "--impl", str(BROKEN / "commit_raises.py")]
+    code, out, err = run_kda(again, capsys, monkeypatch)
+    assert code == 2 and err.strip().splitlines()[-1] == f"Error: --out {bundle}: is not an empty folder"
+    code, out, err = run_kda([*again, "--force"], capsys, monkeypatch)
+    assert code == 1 and (bundle / "report.md").read_text().startswith("#"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "bundle"]
+
 
 def test_repro_hides_the_interpreters_overflow_warnings(recorded, tmp_path):
     """numpy's RuntimeWarning from the Triton interpreter (an exp overflowing to inf) is noise
@@ -175,8 +184,8 @@ def test_slice_cuts_events_and_replays_exactly(recorded, tmp_path, capsys, monke
                                  "--no-progress"], capsys, monkeypatch)
     assert code == 0, stdout + err
 
-    code, stdout, err = run_kda(["slice", str(recorded["deferred"]), "--events", "9:99", "--out", str(out)],
-                                capsys, monkeypatch)
+    code, stdout, err = run_kda(["slice", str(recorded["deferred"]), "--events", "9:99", "--out",
+                                 str(tmp_path / "past.safetensors")], capsys, monkeypatch)
     assert code == 2 and err.startswith("Error:") and "events 0..15" in err
 
 

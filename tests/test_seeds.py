@@ -11,14 +11,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run(folder: Path, seed: str | None) -> str:
+def _run(folder: Path, seed: str | None, returncode: int = 1) -> str:
     env = {k: v for k, v in os.environ.items() if k != "KDA_TEST_SEED"}
     if seed is not None:
         env["KDA_TEST_SEED"] = seed
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
                            str(folder / "test_draws.py")], cwd=folder, capture_output=True, text=True, timeout=120,
                           env={**env, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == returncode, done.stdout + done.stderr
     return done.stdout
 
 
@@ -34,3 +34,10 @@ def test_a_failure_prints_the_seed_that_replays_it(tmp_path):
     again = _run(tmp_path, base.group(1))
     assert f"drew {base.group(2)} {base.group(3)}" in again
     assert f"KDA_TEST_SEED={base.group(1)} reproduces" in again
+
+
+def test_a_quiet_passing_run_still_prints_its_seed(tmp_path):
+    """``pytest -q`` (the README's command) shows no header: the seed is in the summary."""
+    (tmp_path / "test_draws.py").write_text("def test_passes():\n    pass\n")
+    out = _run(tmp_path, "12345", returncode=0)
+    assert "test seeds: KDA_TEST_SEED=12345 (set it to replay this run's random inputs)" in out.splitlines(), out

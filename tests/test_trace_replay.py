@@ -142,6 +142,23 @@ def test_event_range_compares_only_those_events(good, capsys, monkeypatch):
     assert code == 2 and err.startswith("Error: --events 5:999")
 
 
+def test_a_trace_without_events_is_refused_as_such(good, tmp_path, capsys, monkeypatch):
+    """Nothing to replay or cut: bad input, and the error says why, not that a range is empty."""
+    def drop_events(m, t):
+        for e in m["events"]:
+            for name in [*e["inputs"].values(), *e["expected"].values()]:
+                t.pop(name)
+        m["events"] = []
+    empty = rewrite(good, tmp_path / "empty.safetensors", drop_events)
+    for args, said in ((["replay", str(empty), "--impl", "reference"], "the trace has no events"),
+                       (["slice", str(empty), "--events", "0:", "--out", str(tmp_path / "c.safetensors")],
+                        "the trace has no events (--events 0:)")):
+        code, out, err = run_kda(args, capsys, monkeypatch)
+        assert code == 2 and out == "" and err.strip().splitlines() == [f"Error: {said}"]
+    code, out, err = run_kda(["info", str(empty)], capsys, monkeypatch)
+    assert code == 0 and "events: none" in out.splitlines()
+
+
 def test_impl_from_a_py_file(good, tmp_path, capsys, monkeypatch):
     """A user's build that forgets the commit: replay through it finds the drift."""
     broken = tmp_path / "my_kernels.py"

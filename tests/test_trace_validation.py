@@ -126,7 +126,9 @@ def _write(path, data: bytes):
     ("not safetensors", lambda p, good: _write(p / "text.safetensors", b"this is not a trace at all"),
      "not a readable safetensors file"),
     ("truncated", lambda p, good: _write(p / "cut.safetensors", good.read_bytes()[:50_000]),
-     "not a readable safetensors file"),
+     "truncated: 50000 bytes, where its safetensors header describes "),
+    ("truncated in its header", lambda p, good: _write(p / "cut.safetensors", good.read_bytes()[:100]),
+     "truncated: 100 bytes, where its safetensors header describes "),
 ])
 def test_unreadable_file_exits_2(case, make, fragment, good, tmp_path, capsys, monkeypatch):
     path = make(tmp_path, good)

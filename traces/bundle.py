@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traces.determinism import DeterminismReport
+from traces.exit_status import how_it_ended
 from traces.files import umask
 from traces.impl import names_a_file
 from traces.provenance import environment
@@ -68,17 +69,28 @@ def _impl_file(impl: str) -> Path | None:
     return origin if origin.parent.resolve() == Path.cwd().resolve() else None
 
 
-def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
+BUNDLE_NAMES = (TRACE_NAME, "report.md", "repro.sh", IMPL_DIR)
+"""What a bundle folder holds (``IMPL_DIR`` only when the implementation is a file)."""
+
+
+def is_bundle(folder: Path) -> bool:
+    """``folder`` holds a bundle and nothing else: what ``--force`` may replace."""
+    names = {p.name for p in Path(folder).iterdir()}
+    return "repro.sh" in names and names <= set(BUNDLE_NAMES)
+
+
+def write_bundle(out: Path, result: ShrinkResult, *, replace: bool = False, source: Path, impl: str,
                  replay_args: list[str], original_events: int, determinism: DeterminismReport | None,
                  timeout: float = 600.0) -> Recheck:
-    """Write the bundle for ``result`` to ``out`` (which must not exist or be empty).
+    """Write the bundle for ``result`` to ``out`` (which must not exist or be empty, or with
+    ``replace`` hold an earlier bundle, which the new one replaces only once written whole).
 
     ``impl`` is the ``--impl`` spec; ``replay_args`` are extra ``kda replay`` options
     (tolerances). Raises ``BundleError`` when the fresh-process replay of the shrunk trace
     does not show ``result.divergence``'s signature; nothing is left behind then.
     """
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(out.iterdir()) and not (replace and is_bundle(out))):
         raise BundleError(f"--out {out}: exists and is not an empty folder")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -103,16 +115,28 @@ def write_bundle(out: Path, result: ShrinkResult, *, source: Path, impl: str,
             found = recheck.signature or ("a pass" if recheck.returncode == 0 else "no divergence")
             said = f": {recheck.error}" if recheck.error else ""
             raise BundleError(f"the shrunk trace does not fail the same way in a fresh process: expected "
-                              f"{result.divergence.signature}, got {found} (exit {recheck.returncode}{said})")
+                              f"{result.divergence.signature}, got {found} (the check "
+                              f"{how_it_ended(recheck.returncode)}{said})")
         (tmp / "report.md").write_text(_report(result, source, impl, command, recheck, original_events,
                                                determinism, settings))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
+        _put_in_place(tmp, out)
         return recheck
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _put_in_place(tmp: Path, out: Path) -> None:
+    """Rename the written bundle ``tmp`` to ``out``, over an empty folder or an earlier bundle."""
+    if out.exists() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    earlier = Path(tempfile.mkdtemp(prefix=f".{out.name}.earlier.", dir=out.parent))
+    os.replace(out, earlier)  # over the empty folder mkdtemp made
+    os.replace(tmp, out)
+    shutil.rmtree(earlier, ignore_errors=True)
 
 
 NO_KDA_EXIT = 4
@@ -243,4 +267,4 @@ def _divergence_lines(label: str, d: Divergence, events: int) -> list[str]:
     return out
 
 
-__all__ = ["BundleError", "Recheck", "TRACE_NAME", "write_bundle"]
+__all__ = ["BUNDLE_NAMES", "BundleError", "Recheck", "TRACE_NAME", "is_bundle", "write_bundle"]

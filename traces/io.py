@@ -143,16 +143,30 @@ def read_trace(path: str | os.PathLike) -> Trace:
 
 def read_header(path: Path) -> dict:
     """The safetensors header of ``path`` as strict JSON (no key twice, bounded nesting), so
-    that a tensor listed twice is refused rather than the last entry silently winning."""
+    that a tensor listed twice is refused rather than the last entry silently winning. A file
+    shorter than its header says (its header, or the tensor data it lists) is refused as
+    truncated."""
+    file_size = path.stat().st_size
     with open(path, "rb") as f:
         prefix = f.read(8)
         size = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-        if not 0 < size <= min(HEADER_LIMIT, path.stat().st_size - 8):
+        if 0 < size <= HEADER_LIMIT and size > file_size - 8:
+            raise TraceError(_truncated(path, file_size, 8 + size))
+        if not 0 < size <= min(HEADER_LIMIT, file_size - 8):
             raise TraceError(f"{path}: not a readable safetensors file (header length {size})")
         header = strict_json(f.read(size), f"{path}: safetensors header")
     if not isinstance(header, dict):
         raise TraceError(f"{path}: not a readable safetensors file (the header is not a JSON object)")
+    ends = [entry["data_offsets"][1] for entry in header.values()
+            if isinstance(entry, dict) and isinstance(entry.get("data_offsets"), list)
+            and len(entry["data_offsets"]) == 2 and type(entry["data_offsets"][1]) is int]
+    if ends and 8 + size + max(ends) > file_size:
+        raise TraceError(_truncated(path, file_size, 8 + size + max(ends)))
     return header
+
+
+def _truncated(path: Path, file_size: int, described: int) -> str:
+    return f"{path}: truncated: {file_size} bytes, where its safetensors header describes {described}"
 
 
 def _checksums(p: Path, metadata: dict[str, str], names: set[str]) -> dict[str, str] | None:

@@ -55,6 +55,14 @@ def shards_dir(path: str | os.PathLike) -> Path:
     p = Path(path)
     return p.with_name(p.name + ".shards")
 
+
+def stale_shards(path: str | os.PathLike) -> str:
+    """Why recording into ``path`` cannot start while ``shards_dir(path)`` exists, and what to do."""
+    shards = shards_dir(path)
+    return (f"{shards} holds the shards of a recording that never finished: "
+            f"kda record merge {shards} TRACE keeps its events; remove the folder to discard them")
+
+
 class EventRecorder:
     """Records calls into ``impl`` as the events of the trace ``path`` (see the module docstring).
 
@@ -81,7 +89,7 @@ class EventRecorder:
         self.path = Path(path)
         self.shards = shards_dir(self.path)
         if self.shards.exists():
-            raise RecordError(f"{self.shards} exists: merge it (kda record merge) or remove it first")
+            raise RecordError(stale_shards(self.path))
         self.shards.mkdir(parents=True)
         self.snapshot, self.ops = snapshot, tuple(ops) if ops else OPS
         self.max_events, self.max_bytes = max_events, max_bytes
@@ -316,4 +324,4 @@ def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
     return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
 
 
-__all__ = ["SNAPSHOTS", "EventRecorder", "check_options", "shards_dir"]
+__all__ = ["SNAPSHOTS", "EventRecorder", "check_options", "shards_dir", "stale_shards"]

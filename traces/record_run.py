@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from traces.exit_status import how_it_ended
 from traces.impl import names_a_file
 from traces.record import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
-from traces.record_events import check_options
+from traces.record_events import check_options, stale_shards
 
 
 class RecordRunError(Exception):
@@ -80,7 +82,7 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         raise RecordError("--layer needs --patch: a program that records through traces.record.api() binds the "
                           "first set of buffers it uses")
     if shards_dir(out).exists():
-        raise RecordError(f"{shards_dir(out)} exists: merge it (kda record merge) or remove it first")
+        raise RecordError(stale_shards(out))
     impl = options.get("impl")
     if impl is not None and names_a_file(impl) and not Path(impl).is_file():
         raise RecordError(f"--impl {impl}: no such file")
@@ -92,7 +94,8 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         try:
             result = merge_shards(shards_dir(out), out)
         except RecordError as exc:
-            raise RecordRunError(f"the command exited with status {code}; {exc}") from None
+            raise RecordRunError(f"the command {how_it_ended(code)}; {exc}") from None
+        shutil.rmtree(shards_dir(out), ignore_errors=True)  # merged: as the recorder's own close does
         return RecordedRun(result, code, True, interpreter)
     if _identity(out) in (None, before):  # nothing written, or only the file that was there before
         return RecordedRun(None, code, False, interpreter)
@@ -103,7 +106,7 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         with read_trace(out) as trace:
             events = len(trace.events)
     except TraceError as exc:
-        raise RecordRunError(f"the command exited with status {code} and left {out}, not a trace: {exc}") from None
+        raise RecordRunError(f"the command {how_it_ended(code)} and left {out}, not a trace: {exc}") from None
     return RecordedRun(MergeResult(out, events, None, 0), code, False, interpreter)
 
 

@@ -54,12 +54,13 @@ class Reproduction:
         return out
 
 
-def reproduce(trace: str | Path, out: str | Path, *, impl: str = "triton", oracle: str = "reference",
+def reproduce(trace: str | Path, out: str | Path, *, replace: bool = False, impl: str = "triton", oracle: str = "reference",
               device: str = "cpu", tolerances: dict | None = None, replay_args: list[str] | None = None,
               determinism: int = 0, max_checks: int = 400,
               progress: Callable[[str], None] | None = None) -> Reproduction:
     """Shrink the failing ``trace`` through ``impl`` (a ``traces.impl.load_impl`` spec) and
-    write the bundle to ``out`` (a folder that must not exist, or be empty).
+    write the bundle to ``out`` (a folder that must not exist, or be empty, or with
+    ``replace`` hold an earlier bundle).
 
     ``progress`` gets one line per stage and per shrinking step kept; ``oracle`` regenerates
     expected results while shrinking; ``replay_args`` are the extra
@@ -83,7 +84,7 @@ def reproduce(trace: str | Path, out: str | Path, *, impl: str = "triton", oracl
     if found.result is None:
         return found
     try:
-        found.recheck = write_bundle(out, found.result, source=trace, impl=impl, replay_args=replay_args or [],
+        found.recheck = write_bundle(out, found.result, replace=replace, source=trace, impl=impl, replay_args=replay_args or [],
                                      original_events=len(tape.steps), determinism=runs)
     except TraceError as exc:
         raise BundleError(f"the shrunk trace cannot be written: {exc}") from exc

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, output_file, parse_ints, parse_names
+from kda_cli.options import check_format, force_option, output_file, parse_ints, parse_names
 from kda_cli.output import emit, implementation_prints, make_console, note, plural
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input
 
@@ -101,7 +101,8 @@ def bench(
     preset: Optional[str] = typer.Option(None, "--preset", help="workload shape: k3-tp8 (default), or tiny (smoke default)"),
     batch: Optional[str] = typer.Option(None, "--batch", help="batch sizes, comma-separated [preset's: 1,8,32,64,128,256]"),
     spec_len: Optional[str] = typer.Option(None, "--spec-len", help="window lengths T, comma-separated [preset's: 8]"),
-    state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="checkpoint state dtype: fp32 (default) or bf16"),
+    state_dtype: Optional[str] = typer.Option(None, "--state-dtype",
+                                              help="checkpoint state dtype: float32/fp32 (default) or bfloat16/bf16"),
     accept: Optional[str] = typer.Option(None, "--accept",
                                          help="accepted tokens per row: full (T, default) or random (0..T, seeded)"),
     impl: List[str] = typer.Option(["triton"], "--impl", metavar="IMPL[,IMPL...]",
@@ -125,6 +126,7 @@ def bench(
                                                    "(add commit-layers to --ops for its one commit of all layers)"),
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
+    force: bool = force_option("the --save and --plot files"),
 ) -> None:
     """Time verify, plan, defer, commit, flush, flush-verify and whole decode steps on a CUDA GPU.
 
@@ -143,7 +145,7 @@ def bench(
     try:
         config = BenchConfig(
             preset=preset or ("tiny" if interpreter_smoke else "k3-tp8"), batches=parse_ints("--batch", batch),
-            spec_lens=parse_ints("--spec-len", spec_len), state_dtype=state_dtype or "fp32", accept=accept or "full",
+            spec_lens=parse_ints("--spec-len", spec_len), state_dtype=state_dtype or "float32", accept=accept or "full",
             impls=parse_names(impl), ops=parse_names([ops]) if ops is not None else OPS,
             mode="eager" if eager else "graph", reps=reps, row_seconds=row_seconds,
             touch_bytes=(touch_mb if touch_mb is not None else 512) * 2**20, seed=seed, smoke=interpreter_smoke,
@@ -152,7 +154,7 @@ def bench(
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     for option, path in (("--save", save), ("--plot", plot)):
         if path is not None:
-            output_file(path, option, inputs=[Path(trace)] if trace is not None else [])
+            output_file(path, option, inputs=[Path(trace)] if trace is not None else [], force=force)
     if plot is not None:
         try:
             import matplotlib  # noqa: F401

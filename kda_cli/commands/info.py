@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from kda_cli.options import check_format
 from kda_cli.output import emit, human_value, make_console, printable
 from kda_cli.runtime import bad_input
+from kda_cli.sample import trace_path
 
 
 def trace_summary(trace) -> dict:
@@ -34,14 +36,14 @@ def trace_summary(trace) -> dict:
 
 
 def info(
-    trace: Path = typer.Argument(..., help="Trace file."),
+    trace: Optional[Path] = typer.Argument(None, help="Trace file; the shipped Kimi-K3 sample when omitted."),
     format: str = typer.Option("human", "--format", help="human or json."),
 ) -> None:
     """Summarise a trace: shapes, dtypes, buffer sizes, events per op, provenance."""
     check_format(format)
     from traces.io import read_trace
 
-    with bad_input(), read_trace(trace) as opened:
+    with bad_input(), trace_path(trace) as path, read_trace(path) as opened:
         s = trace_summary(opened)
     emit(s, format, _render)
 
@@ -57,9 +59,9 @@ def _render(s: dict) -> None:
         f"{s['dtypes']['state']} state; lower_bound {s['lower_bound']}; null id {s['null_id']}",
         f"buffers: {b['num_slots']} state slots, {b['num_record_rows']} record rows, {b['plan_rows']} plan rows; "
         f"final buffers {'recorded' if s['final_buffers'] else 'not recorded'}",
-        f"events: {s['events']}: " + ", ".join(
+        "events: " + (f"{s['events']}: " + ", ".join(
             f"{op} {n} ({s['events_with_expected'].get(op, 0)} with expected results)"
-            for op, n in s["events_per_op"].items()),
+            for op, n in s["events_per_op"].items()) if s["events"] else "none"),
     ]
     for key, value in s["provenance"].items():
         lines.append(f"{key}: {human_value(value)}")

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, output_file, parse_names
+from kda_cli.options import check_format, force_option, output_file, parse_names
 from kda_cli.output import emit, plural, printable
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, interrupted
 
@@ -35,6 +35,7 @@ def merge(
     shards: Path = typer.Argument(..., help="Shards folder (<trace>.shards) left by a process that died."),
     out: Path = typer.Argument(..., help="Trace file to write."),
     format: str = typer.Option("human", "--format", help="human or json."),
+    force: bool = force_option("OUT"),
 ) -> None:
     """Merge the shards a crashed process left into one trace (the shards are kept).
 
@@ -43,7 +44,7 @@ def merge(
     check_format(format)
     if not shards.is_dir():
         raise CommandError(f"{shards}: {'is not a folder' if shards.exists() else 'no such folder'}")
-    output_file(out, "OUT")
+    output_file(out, "OUT", force=force)
     from traces.record import RecordError, merge_shards
 
     try:
@@ -73,6 +74,7 @@ def run(
                                  help="touched: slots and record rows at first touch; all: whole pools."),
     format: str = typer.Option("human", "--format", help="human or json (the command's own output then goes to "
                                                          "stderr)."),
+    force: bool = force_option("OUT"),
 ) -> None:
     """Run a command (after --) with KDA_RECORD=OUT set, and merge what a crash left.
 
@@ -88,7 +90,8 @@ def run(
         raise CommandError(f"--ops {ops!r}: name at least one op", EXIT_BAD_INPUT)
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
-    output_file(out, "OUT")
+    output_file(out, "OUT", force=force)
+    from traces.exit_status import how_it_ended
     from traces.record import RecordError, shards_dir
     from traces.record_run import RecordRunError, record_command
 
@@ -105,11 +108,11 @@ def run(
               "(TRITON_INTERPRET=1)", file=sys.stderr)
     code = run.exit_status
     if run.result is not None:
-        note = f" (merged from {shards_dir(out)} after the command exited with status {code})" \
+        note = f" (merged from {shards_dir(out)} after the command {how_it_ended(code)})" \
             if run.merged_from_shards else ""
         _print(run.result, format, note, exit_status=code, interpreter=run.interpreter)
     if code != 0:
-        raise CommandError(f"the command exited with status {code}", EXIT_RUNTIME)
+        raise CommandError(f"the command {how_it_ended(code)}", EXIT_RUNTIME)
     if run.result is None:
         hint = f"was {', '.join(patches)} imported?" if patches else \
             "does the program take the kernel API from traces.record.api(), or name its module with --patch?"

@@ -12,15 +12,18 @@ from typing import List, Optional
 import typer
 
 from kda_cli.options import check_format, parse_range, parse_tolerances, resolve_range
-from kda_cli.output import Progress, emit, implementation_prints, make_console, plural, printable
+from kda_cli.output import Progress, duration, emit, implementation_prints, make_console, note, plural, printable
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
+from kda_cli.sample import trace_path
 
-SAMPLE = "k3-tp8-sample.safetensors"
 MAX_DETAILED = 10
 """Failing tensors shown with their first and worst element in the human report."""
 
 PIPE_WIDTH = 160
 """Columns of the human report written to a file or a pipe: tables are not truncated."""
+
+HINT_SECONDS = 30.0
+"""An interpreter run estimated longer than this gets the hint to replay through the reference."""
 
 
 def replay(
@@ -49,20 +52,18 @@ def replay(
     from traces.impl import load_impl
     from traces.io import read_trace
     from traces.replay import ReplayFailure, ReplayInterrupted, replay as run_replay
+    from traces.replay_cost import event_units
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
-        if trace is None:
-            from importlib.resources import as_file, files
-
-            path = stack.enter_context(as_file(files("traces") / "samples" / SAMPLE))
-        else:
-            path = trace
-        opened = stack.enter_context(read_trace(path))
+        opened = stack.enter_context(read_trace(stack.enter_context(trace_path(trace))))
         span = resolve_range(events, len(opened.events))
         with implementation_prints(format):
             module = load_impl(impl)
-        bar = stack.enter_context(Progress("replay", span[1], enabled=progress))
+        units = event_units(opened)[:span[1]]
+        if progress and device == "cpu" and impl != "reference":
+            note(_interpreter_estimate(units, impl))
+        bar = stack.enter_context(Progress("replay", span[1], enabled=progress, weights=units))
         try:
             with implementation_prints(format):
                 report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
@@ -80,8 +81,21 @@ def replay(
         raise typer.Exit(EXIT_MISMATCH)
 
 
+def _interpreter_estimate(units: list[float], impl: str) -> str:
+    """Before an interpreter run: how long it may take, and the faster way where it fits."""
+    from traces.replay_cost import rough_seconds
+
+    seconds = rough_seconds(sum(units))
+    hint = "; --impl reference replays it in seconds (it checks the trace, not the Triton kernels)" \
+        if impl == "triton" and seconds > HINT_SECONDS else ""
+    return (f"replay: {plural(len(units), 'event')} through the Triton interpreter (no CUDA device): roughly "
+            f"{duration(seconds)} on a 2-core CPU, by the trace's sizes{hint}")
+
+
 def _emit(report, manifest, format: str, interrupted: bool = False) -> None:
+    """The report; a stopped replay never reports passed (what it did not compare may fail)."""
     data = {**report.to_json(), "interrupted": interrupted}
+    data["passed"] = data["passed"] and not interrupted
     emit(data, format, lambda _: _render(report, manifest, interrupted))
 
 

@@ -10,7 +10,7 @@ from typing import List
 
 import typer
 
-from kda_cli.options import check_format, output_folder, parse_tolerances
+from kda_cli.options import check_format, force_option, output_folder, parse_tolerances
 from kda_cli.output import emit, implementation_prints, note, plural
 from kda_cli.runtime import (
     EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device,
@@ -30,6 +30,7 @@ def repro(
     atol: List[str] = typer.Option([], "--atol", metavar="[DTYPE=]X", help="DTYPE=X or X, as for kda replay; repeatable."),
     rtol: List[str] = typer.Option([], "--rtol", metavar="[DTYPE=]X", help="DTYPE=X or X, as for kda replay; repeatable."),
     format: str = typer.Option("human", "--format", help="human or json."),
+    force: bool = force_option("an earlier bundle in --out"),
 ) -> None:
     """Shrink a failing trace into a bundle: trace.safetensors, report.md, repro.sh.
 
@@ -49,7 +50,7 @@ def repro(
     tolerances = parse_tolerances(atol, rtol)
     if not trace.is_file():
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
-    output_folder(out, "--out")
+    output_folder(out, "--out", replaceable=_earlier_bundle if force else None)
     device = select_device()
 
     from traces.bundle import BundleError
@@ -57,8 +58,8 @@ def repro(
 
     try:
         with bad_input(), implementation_prints(format):
-            found = reproduce(trace, out, impl=impl, oracle=oracle, device=device, tolerances=tolerances,
-                              replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
+            found = reproduce(trace, out, replace=force, impl=impl, oracle=oracle, device=device,
+                              tolerances=tolerances, replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
                               determinism=determinism, max_checks=max_checks,
                               progress=lambda line: note(f"repro: {line}"))
     except KeyboardInterrupt:
@@ -69,6 +70,13 @@ def repro(
     emit(summary, format, _render)
     if not found.passed or (found.determinism is not None and not found.determinism.deterministic):
         raise typer.Exit(EXIT_MISMATCH)
+
+
+def _earlier_bundle(folder: Path) -> bool:
+    """``traces.bundle.is_bundle``, imported only when a folder is to be replaced (it imports torch)."""
+    from traces.bundle import is_bundle
+
+    return is_bundle(folder)
 
 
 def _render(s: dict) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from kda_cli.options import check_format, output_file, parse_range, resolve_range
+from kda_cli.options import check_format, force_option, output_file, parse_range, resolve_range
 from kda_cli.output import Progress, emit, plural
 from kda_cli.runtime import bad_input, interrupted, select_device
 
@@ -21,6 +21,7 @@ def slice_trace(
     oracle: str = typer.Option("reference", "--oracle",
                                help="Implementation that runs the events before A to build the initial buffers."),
     format: str = typer.Option("human", "--format", help="human or json."),
+    force: bool = force_option("the --out file"),
 ) -> None:
     """Cut events A..B-1 out of a trace, with their recorded expected results.
 
@@ -30,7 +31,7 @@ def slice_trace(
     """
     check_format(format)
     parse_range(events)
-    output_file(out, "--out", inputs=[trace])
+    output_file(out, "--out", inputs=[trace], force=force)
     device = select_device()
     from traces.impl import load_impl
     from traces.io import read_trace

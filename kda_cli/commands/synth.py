@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kda_cli.options import check_format, output_file
+from kda_cli.options import check_format, force_option, output_file
 from kda_cli.output import Progress, emit, plural
 from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, interrupted, select_device
 
@@ -28,6 +28,7 @@ def synth(
     expected: str = typer.Option("all", "--expected", help="all, outputs (no commit/flush states) or none."),
     note: str = typer.Option("", "--note", help="Free text stored in the provenance."),
     format: str = typer.Option("human", "--format", help="human or json."),
+    force: bool = force_option("OUT"),
 ) -> None:
     """Simulate a scheduler and write its events, with float64-reference expected results.
 
@@ -43,7 +44,7 @@ def synth(
         config.check()
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
-    output_file(out, "OUT")
+    output_file(out, "OUT", force=force)
     select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
     from traces.synth import synthesize
 

@@ -7,11 +7,14 @@ import math
 
 from dataclasses import dataclass
 
+from traces.dtype_names import dtype_name, spelled
+
 OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
 LAYER_OPS = ("commit-layers",)
 """Ops timed only when asked for (``--ops``): ``commit-layers`` is one commit of every layer of
 a model (``--layers``)."""
-STATE_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
+STATE_DTYPE_NAMES = ("float32", "bfloat16")
+"""Checkpoint state dtypes a bench run takes, by full name (``traces.dtype_names``)."""
 ACCEPT_MODES = ("full", "random")
 MODES = ("graph", "eager")
 DEFAULT_TOUCH_BYTES = 512 * 2**20
@@ -46,7 +49,8 @@ class BenchConfig:
     preset: str = "k3-tp8"
     batches: tuple[int, ...] = ()
     spec_lens: tuple[int, ...] = ()
-    state_dtype: str = "fp32"
+    state_dtype: str = "float32"
+    """A name of ``STATE_DTYPE_NAMES``, full or short (``bf16``); kept as the full name."""
     accept: str = "full"
     impls: tuple[str, ...] = ("triton",)
     ops: tuple[str, ...] = OPS
@@ -64,8 +68,9 @@ class BenchConfig:
         p = PRESETS[self.preset]
         self.batches = tuple(self.batches) or p.batches
         self.spec_lens = tuple(self.spec_lens) or (p.spec_len,)
-        if self.state_dtype not in STATE_DTYPE_NAMES:
-            raise ValueError(f"state dtype must be one of {', '.join(STATE_DTYPE_NAMES)}, got {self.state_dtype}")
+        if dtype_name(self.state_dtype) not in STATE_DTYPE_NAMES:
+            raise ValueError(f"state dtype must be one of {spelled(STATE_DTYPE_NAMES)}, got {self.state_dtype}")
+        self.state_dtype = dtype_name(self.state_dtype)
         if self.accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, got {self.accept}")
         if self.mode not in MODES:

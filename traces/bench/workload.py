@@ -53,7 +53,7 @@ import torch
 from traces.bench.config import STATE_DTYPE_NAMES, Preset
 from traces.bench.contract_bytes import Shape
 
-STATE_DTYPES = {name: getattr(torch, dtype) for name, dtype in STATE_DTYPE_NAMES.items()}
+STATE_DTYPES = {name: getattr(torch, name) for name in STATE_DTYPE_NAMES}
 _MAX_SETS = 4096
 _MEMORY_FRACTION = 0.5
 # Ops that write the checkpoint pool and so need it restored before every sample.
