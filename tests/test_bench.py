@@ -388,7 +388,7 @@ def test_a_commit_of_all_layers_is_each_layer_s_commit(device):
     from traces.bench.workload import STATE_DTYPES, Workload
 
     counts = [2, 1]
-    work = Workload(kernels, bench.PRESETS["tiny"], STATE_DTYPES["fp32"], 2, 2, counts, 6, device, seed=5, layers=3)
+    work = Workload(kernels, bench.PRESETS["tiny"], STATE_DTYPES["float32"], 2, 2, counts, 6, device, seed=5, layers=3)
     assert work.calls == 2 and len(work.layer_tables) == 2
     work.restore("commit")
     work.run("commit")
