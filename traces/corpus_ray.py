@@ -6,14 +6,17 @@ A task reads its trace where it is (a path every node sees) or, with ``ship``, g
 file's bytes through Ray's object store. Every node needs this package and the
 implementation importable (a ``.py`` implementation at the same path). A task whose
 worker process dies is that trace's ``crashed``; tasks are never retried. Ctrl-C cancels
-every task and returns the run so far, marked interrupted.
+every task and returns the run so far, marked interrupted. Ray's own notices (a worker that
+died) go to stderr while the run lasts: stdout carries the report.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import tempfile
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +55,12 @@ def run_ray(traces: list[Path], settings: ReplaySettings, *, address: str, ship:
         import ray
     except ImportError:
         raise CorpusError(f"--ray needs Ray, which is not installed: {INSTALL}") from None
+    with redirect_stdout(sys.stderr):
+        return _run(ray, traces, settings, address, ship, workers, on_result)
+
+
+def _run(ray, traces: list[Path], settings: ReplaySettings, address: str, ship: bool, workers: int | None,
+         on_result: Callable[[TraceResult], None] | None) -> CorpusRun:
     began = time.monotonic()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
