@@ -24,8 +24,9 @@ PIPE_WIDTH = 160
 
 
 def replay(
-    traces: Optional[List[Path]] = typer.Argument(
-        None, help="Trace files or folders (a corpus: their *.safetensors); the shipped Kimi-K3 sample when omitted."),
+    context: typer.Context,
+    trace: Optional[Path] = typer.Argument(None, metavar="TRACE...", help="Trace file, or several files and folders "
+                                           "(a corpus: their *.safetensors); the shipped Kimi-K3 sample when omitted."),
     impl: str = typer.Option("triton", "--impl", help="triton, reference, a module name or a .py file path."),
     format: str = typer.Option("human", "--format", help="human or json."),
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="Stop after the first event with a mismatch."),
@@ -54,7 +55,7 @@ def replay(
     check_format(format)
     tolerances = parse_tolerances(atol, rtol)
     parse_range(events)  # refuse a malformed range before any heavy import
-    traces = traces or []
+    traces = [trace, *map(Path, context.args)] if trace is not None else []  # more traces: extra arguments
     if len(traces) > 1 or any(t.is_dir() for t in traces) or workers is not None or junit_xml or ray or ray_ship:
         if events is not None:
             raise CommandError("--events selects events of one trace; a corpus replays every event")
@@ -62,7 +63,6 @@ def replay(
 
         return replay_corpus(traces, impl=impl, format=format, stop_at_first=stop_at_first, tolerances=tolerances,
                              workers=workers, junit_xml=junit_xml, ray=ray, ship=ray_ship)
-    trace = traces[0] if traces else None
     if trace is not None and not trace.is_file():
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported
