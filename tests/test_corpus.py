@@ -194,3 +194,33 @@ def test_ctrl_c_stops_every_worker_and_prints_the_partial_summary(corpus, tmp_pa
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_repro_adds_a_trace_to_the_corpus_once(corpus, tmp_path):
+    from traces.repro import add_to_corpus
+    from traces.shrink import Signature
+
+    trace = corpus / "mismatch.safetensors"
+    signature = Signature("verify", "out", "mismatch")
+    copy = add_to_corpus(trace, tmp_path / "new" / "corpus", signature)
+    assert re.fullmatch(r"verify-out-mismatch-[0-9a-f]{8}\.safetensors", copy.name)
+    assert copy.read_bytes() == trace.read_bytes()
+    copy.write_bytes(b"kept")
+    with pytest.raises(FileExistsError, match="the corpus holds this trace already; not overwritten"):
+        add_to_corpus(trace, copy.parent, signature)
+    assert copy.read_bytes() == b"kept" and [p.name for p in copy.parent.iterdir()] == [copy.name]
+
+
+def test_junit_holds_names_and_messages_xml_cannot(tmp_path):
+    from traces.corpus import CorpusRun, TraceResult
+    from traces.junit import write_junit
+
+    name = "corpus/esc\x1b[31m\u2028.safetensors"
+    run = CorpusRun([name, "corpus/later.safetensors"], 1, "cpu", interrupted=True,
+                    results=[TraceResult(name, "raised", 0.5, "triton failed at event 3 (verify): \x00bad\x07")])
+    write_junit(tmp_path / "r.xml", run)
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    first, later = suite.iter("testcase")
+    assert first.get("name") == "corpus/esc\\x1b[31m\u2028.safetensors"
+    assert first.find("error").get("message") == "triton failed at event 3 (verify): \\x00bad\\x07"
+    assert later.find("skipped") is not None and suite.get("skipped") == "1" and suite.get("errors") == "1"

@@ -71,7 +71,10 @@ class _Worker:
 
     def give(self, trace: str) -> None:
         self.trace, self.began = trace, time.monotonic()
-        self.conn.send(trace)
+        try:
+            self.conn.send(trace)
+        except OSError:  # it died between two traces: the wait that follows reports it under this one
+            pass
 
     def died(self) -> TraceResult:
         """The result of the trace it was replaying when it died."""
