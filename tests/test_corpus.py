@@ -172,8 +172,14 @@ def test_ctrl_c_stops_every_worker_and_prints_the_partial_summary(corpus, tmp_pa
                              "--workers", "2", "--junit-xml", str(junit)], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+    def workers() -> list[int]:
+        return [int(p.name) for p in pids.iterdir() if int(p.name) != proc.pid]  # the parent loads it too
+
     try:
         first = proc.stdout.readline()
+        deadline = time.monotonic() + 60
+        while len(workers()) < 2 and time.monotonic() < deadline:  # both workers busy
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=60)
     finally:
@@ -188,12 +194,12 @@ def test_ctrl_c_stops_every_worker_and_prints_the_partial_summary(corpus, tmp_pa
     assert err.strip().splitlines()[-1] == \
         f"Error: interrupted by SIGINT; {done} of 20 traces replayed; the summary above covers those"
     assert ET.parse(junit).getroot().get("skipped") == str(20 - done)
-    workers = [int(p.name) for p in pids.iterdir() if int(p.name) != proc.pid]  # the parent loads it too
-    assert len(workers) == 2
+    started = workers()
+    assert len(started) == 2
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+    while any(Path(f"/proc/{pid}").exists() for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in started)
 
 
 def test_repro_adds_a_trace_to_the_corpus_once(corpus, tmp_path):
