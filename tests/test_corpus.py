@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from kda_cli.runtime import cuda_available
 from tests.trace_helpers import TINY, first_event, make_trace, rewrite, run_kda
+from traces.corpus import device_label
+from traces.corpus_pool import worker_devices
 from traces.synth_config import SynthConfig
 
 REPO = Path(__file__).resolve().parent.parent
 CRASHING = REPO / "tests" / "broken_impls" / "exits_on_nine_slots.py"
+DEVICE = "cuda" if cuda_available() else "cpu"
 PASSING = 17
 EXPECTED = {**{f"pass-{i:02d}.safetensors": "passed" for i in range(PASSING)},
             "mismatch.safetensors": "mismatch", "damaged.safetensors": "refused", "crash.safetensors": "crashed"}
@@ -96,8 +100,9 @@ def test_a_local_pool_reports_every_trace(corpus, tmp_path, capsys, monkeypatch)
     streamed = {Path(line.split()[1]).name: line.split()[0] for line in lines[:20]}
     assert streamed == {name: {"passed": "PASS", "mismatch": "FAIL", "refused": "REFUSED", "crashed": "CRASHED"}[o]
                         for name, o in EXPECTED.items()}
-    assert {re.search(r" \(\d+\.\d\d s, (\S+)\)", line).group(1) for line in lines[:20]} == {"cpu#0", "cpu#1"}
-    assert lines[20] == "20 traces through cpu (Triton interpreter), 2 workers"
+    assert {re.search(r" \(\d+\.\d\d s, (\S+)\)", line).group(1) for line in lines[:20]} == \
+        {label for label, _ in worker_devices(2, DEVICE)}
+    assert lines[20] == f"20 traces through {device_label(DEVICE)}, 2 workers"
     table = "\n".join(lines[21:])
     for label, n in (("passed", PASSING), ("failed (mismatch 1, raised 0, crashed 1)", 2),
                      ("refused (damaged or unreadable)", 1)):
@@ -121,7 +126,10 @@ def test_a_local_ray_instance_reports_every_trace(corpus, tmp_path, capsys, monk
     assert code == 3, err
     document = json.loads(out)
     _check_json(document, corpus)
-    assert document["where"] == "ray local (cpu, Triton interpreter)" and document["workers"] == 2
+    assert document["where"] == f"ray local, {device_label(DEVICE)}"
+    import torch
+
+    assert document["workers"] == (torch.cuda.device_count() if DEVICE == "cuda" else 2)  # GPUs, else the CPUs asked
     _check_junit(junit, corpus)
 
 

@@ -177,6 +177,11 @@ def first_mismatch(c) -> str:
             f"rtol={c.tolerance.rtol:g}; first at {where}{values}")
 
 
+def device_label(device: str) -> str:
+    """How a run names where it ran: ``cuda``, or ``cpu (Triton interpreter)``."""
+    return "cpu (Triton interpreter)" if device == "cpu" else device
+
+
 def prepare_process(device: str) -> None:
     """Set a worker process up for ``device`` (``cuda`` or ``cpu``) before it imports the
     kernels: the Triton interpreter on the CPU, one torch thread per CPU worker."""
@@ -190,5 +195,5 @@ def prepare_process(device: str) -> None:
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
 
-__all__ = ["CorpusError", "CorpusRun", "FAILED", "OUTCOME_CODES", "ReplaySettings", "TraceResult", "find_traces",
-           "first_mismatch", "prepare_process", "replay_one"]
+__all__ = ["CorpusError", "CorpusRun", "FAILED", "OUTCOME_CODES", "ReplaySettings", "TraceResult", "device_label",
+           "find_traces", "first_mismatch", "prepare_process", "replay_one"]

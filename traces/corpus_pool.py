@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable
 
-from traces.corpus import CorpusRun, ReplaySettings, TraceResult, prepare_process, replay_one
+from traces.corpus import CorpusRun, ReplaySettings, TraceResult, device_label, prepare_process, replay_one
 
 STOP_SECONDS = 5.0
 """How long a worker told to stop may take to exit before it is killed."""
@@ -93,8 +93,7 @@ def run_pool(traces: list[Path], settings: ReplaySettings, *, device: str, worke
     traces. ``on_result`` gets each result as it comes. Returns the run; on Ctrl-C the run
     so far, with ``interrupted`` set, every worker killed."""
     slots = worker_devices(workers, device)[:len(traces)]
-    run = CorpusRun([str(t) for t in traces], len(slots),
-                    "cpu (Triton interpreter)" if device == "cpu" else "cuda")
+    run = CorpusRun([str(t) for t in traces], len(slots), device_label(device))
     waiting = deque(run.traces)
     context = multiprocessing.get_context("spawn")
     started: list[_Worker] = []

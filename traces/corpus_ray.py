@@ -20,7 +20,9 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Callable
 
-from traces.corpus import CorpusError, CorpusRun, ReplaySettings, TraceResult, prepare_process, replay_one
+from traces.corpus import (
+    CorpusError, CorpusRun, ReplaySettings, TraceResult, device_label, prepare_process, replay_one,
+)
 
 INSTALL = "pip install 'kda-recoverssm[ray]'"
 LOCAL = "local"
@@ -77,7 +79,7 @@ def _run(ray, traces: list[Path], settings: ReplaySettings, address: str, ship: 
         gpus = ray.cluster_resources().get("GPU", 0)
         task = ray.remote(_task).options(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=0)
         run = CorpusRun([str(t) for t in traces], int(gpus or ray.cluster_resources().get("CPU", 1)),
-                        f"ray {address} ({'cuda' if gpus else 'cpu, Triton interpreter'})")
+                        f"ray {address}, {device_label('cuda' if gpus else 'cpu')}")
         pending = {task.remote(str(t), t.read_bytes() if ship else None, settings): str(t) for t in traces}
         sent = {ref: time.monotonic() for ref in pending}
         try:
