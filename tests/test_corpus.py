@@ -68,6 +68,9 @@ def _check_json(document: dict, folder: Path) -> None:
     by_name = {Path(t["trace"]).name: t for t in document["traces"]}
     mismatch = by_name["mismatch.safetensors"]
     assert mismatch["exit_code"] == 1 and mismatch["report"]["passed"] is False
+    assert mismatch["report"]["failing"] == 1 and "events" not in mismatch["report"]
+    [bad] = mismatch["report"]["first_failing"]
+    assert (bad["role"], bad["mismatches"], bad["first_bad"]["op"]) == ("out", bad["compared"], "verify")
     assert "elements beyond atol=" in mismatch["message"] and "first at event=0 op=verify tensor=out " in \
         mismatch["message"]
     assert "not a readable safetensors file" in by_name["damaged.safetensors"]["message"]

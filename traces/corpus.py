@@ -26,6 +26,10 @@ FAILED = ("mismatch", "raised", "crashed")
 
 SUFFIX = ".safetensors"
 
+MAX_FAILING = 10
+"""Failing tensor comparisons a trace's result keeps (the first ones); a replay of the trace
+alone (``kda replay TRACE --format json``) lists every event and tensor."""
+
 
 class CorpusError(ValueError):
     """A corpus that cannot be run: a path that does not exist, a folder with no trace."""
@@ -63,8 +67,8 @@ class ReplaySettings:
 class TraceResult:
     """One trace's outcome (a key of ``OUTCOME_CODES``). ``message`` is one line: the first
     mismatch, what the implementation raised, why the trace was refused or how the worker
-    died. ``report`` is ``ReplayReport.to_json()`` when the replay ran to its end; ``seconds``
-    is wall time, reading the trace included; ``worker`` names where it ran."""
+    died. ``report`` (``brief_report``) is set when the replay ran to its end; ``seconds`` is
+    wall time, reading the trace included; ``worker`` names where it ran."""
 
     trace: str
     outcome: str
@@ -161,10 +165,20 @@ def replay_one(path: str | os.PathLike, settings: ReplaySettings, device: str, *
         return result("refused", str(exc))
     except ReplayFailure as exc:
         return result("raised", f"{settings.impl} failed at {exc}")
-    failing = next((c for c in report.comparisons if not c.passed), None)
-    if failing is None:
-        return result("passed", report=report.to_json())
-    return result("mismatch", first_mismatch(failing), report.to_json())
+    failing = [c for c in report.comparisons if not c.passed]
+    if not failing:
+        return result("passed", report=brief_report(report))
+    return result("mismatch", first_mismatch(failing[0]), brief_report(report))
+
+
+def brief_report(report) -> dict[str, Any]:
+    """A ``traces.replay.ReplayReport`` as a corpus keeps it: ``to_json()`` without the
+    per-event and final comparisons, with ``compared`` (tensors compared), ``failing`` (how
+    many failed) and ``first_failing`` (the first ``MAX_FAILING`` failing comparisons)."""
+    failing = [c for c in report.comparisons if not c.passed]
+    kept = {k: v for k, v in report.to_json().items() if k not in ("events", "final")}
+    return {**kept, "compared": len(report.comparisons), "failing": len(failing),
+            "first_failing": [c.to_json() for c in failing[:MAX_FAILING]]}
 
 
 def first_mismatch(c) -> str:
@@ -195,5 +209,5 @@ def prepare_process(device: str) -> None:
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
 
-__all__ = ["CorpusError", "CorpusRun", "FAILED", "OUTCOME_CODES", "ReplaySettings", "TraceResult", "device_label",
-           "find_traces", "first_mismatch", "prepare_process", "replay_one"]
+__all__ = ["CorpusError", "CorpusRun", "FAILED", "MAX_FAILING", "OUTCOME_CODES", "ReplaySettings", "TraceResult",
+           "brief_report", "device_label", "find_traces", "first_mismatch", "prepare_process", "replay_one"]
