@@ -244,3 +244,12 @@ def test_junit_holds_names_and_messages_xml_cannot(tmp_path):
     assert first.get("name") == "corpus/esc\\x1b[31m\u2028.safetensors"
     assert first.find("error").get("message") == "triton failed at event 3 (verify): \\x00bad\\x07"
     assert later.find("skipped") is not None and suite.get("skipped") == "1" and suite.get("errors") == "1"
+
+
+def test_each_worker_is_pinned_to_one_visible_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert worker_devices(None, "cuda") == [("cuda:2", {"CUDA_VISIBLE_DEVICES": "2"}),
+                                            ("cuda:3", {"CUDA_VISIBLE_DEVICES": "3"})]
+    assert [label for label, _ in worker_devices(3, "cuda")] == ["cuda:2", "cuda:3", "cuda:2"]
+    assert len(worker_devices(None, "cpu")) == len(os.sched_getaffinity(0))
+    assert worker_devices(1, "cpu") == [("cpu#0", {"TRITON_INTERPRET": "1"})]
