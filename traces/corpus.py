@@ -118,10 +118,6 @@ class CorpusRun:
     def slowest(self) -> TraceResult | None:
         return max(self.results, key=lambda r: r.seconds, default=None)
 
-    def not_run(self) -> list[str]:
-        done = {r.trace for r in self.results}
-        return [t for t in self.traces if t not in done]
-
     def to_json(self) -> dict[str, Any]:
         """The whole run as ``kda replay --format json`` prints it: traces in the order asked."""
         by_trace = {r.trace: r for r in self.results}

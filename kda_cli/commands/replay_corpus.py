@@ -80,13 +80,15 @@ def _render(run) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from traces.corpus import FAILED
+
     console = make_console(pipe_width=PIPE_WIDTH)
     counts = run.counts()
     table = Table(title=f"{plural(len(run.traces), 'trace')} through {run.where}, "
                         f"{plural(run.workers, 'worker')}", title_justify="left")
     table.add_column("outcome")
     table.add_column("traces", justify="right")
-    failed = counts["mismatch"] + counts["raised"] + counts["crashed"]
+    failed = sum(counts[outcome] for outcome in FAILED)
     rows = [("passed", counts["passed"]),
             (f"failed (mismatch {counts['mismatch']}, raised {counts['raised']}, crashed {counts['crashed']})",
              failed),
