@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import deque
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,8 @@ from traces.corpus import (
 )
 
 INSTALL = "pip install 'kda-recoverssm[ray]'"
+IN_FLIGHT = 2
+"""Tasks submitted and not finished, per task the cluster runs at once."""
 LOCAL = "local"
 """The ``address`` that starts a Ray instance of this process's own (``workers`` CPUs)."""
 
@@ -80,17 +83,26 @@ def _run(ray, traces: list[Path], settings: ReplaySettings, address: str, ship: 
         task = ray.remote(_task).options(num_gpus=1 if gpus else 0, num_cpus=0 if gpus else 1, max_retries=0)
         run = CorpusRun([str(t) for t in traces], int(gpus or ray.cluster_resources().get("CPU", 1)),
                         f"ray {address}, {device_label('cuda' if gpus else 'cpu')}")
-        pending = {task.remote(str(t), t.read_bytes() if ship else None, settings): str(t) for t in traces}
-        sent = {ref: time.monotonic() for ref in pending}
+        waiting = deque(traces)
+        pending: dict = {}  # task -> (trace, when it was submitted)
+
+        def submit() -> None:  # a bounded number in flight: shipped bytes are read as tasks go
+            while waiting and len(pending) < IN_FLIGHT * run.workers:
+                path = waiting.popleft()
+                pending[task.remote(str(path), path.read_bytes() if ship else None, settings)] = \
+                    (str(path), time.monotonic())
+
         try:
+            submit()
             while pending:
                 [ref], _ = ray.wait(list(pending), num_returns=1)
-                trace = pending.pop(ref)
+                trace, sent = pending.pop(ref)
+                submit()
                 try:
                     result = TraceResult.from_json(ray.get(ref))
                 except ray.exceptions.RayError as exc:
                     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    result = TraceResult(trace, "crashed", time.monotonic() - sent[ref],
+                    result = TraceResult(trace, "crashed", time.monotonic() - sent,
                                          f"the Ray task failed: {type(exc).__name__}: {why}")
                 run.results.append(result)
                 if on_result is not None:
