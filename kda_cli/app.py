@@ -38,7 +38,7 @@ def _root() -> None:
 
 app.command()(version.version)
 app.command()(info.info)
-app.command()(replay.replay)
+app.command(context_settings={"allow_extra_args": True})(replay.replay)  # several traces: a corpus
 app.command()(synth.synth)
 app.command("slice")(slice_command.slice_trace)
 app.command()(repro.repro)

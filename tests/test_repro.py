@@ -80,10 +80,15 @@ def test_broken_implementation_is_caught_and_shrunk(recorded, tmp_path, capsys, 
 def test_implementation_that_raises_is_shrunk_to_the_raising_call(recorded, tmp_path, capsys, monkeypatch):
     bundle = tmp_path / "bundle"
     code, out, err = run_kda(["repro", str(recorded["deferred"]), "--out", str(bundle), "--impl",
-                              str(BROKEN / "commit_raises.py"), "--format", "json"], capsys, monkeypatch)
+                              str(BROKEN / "commit_raises.py"), "--format", "json", "--corpus",
+                              str(tmp_path / "corpus")], capsys, monkeypatch)
     assert code == 1, err
     summary = json.loads(out)
     assert summary["shrunk"]["op"] == "commit" and summary["shrunk"]["kind"] == "raised RuntimeError"
+    copy = Path(summary["corpus_copy"])
+    assert copy.parent == tmp_path / "corpus" and re.fullmatch(r"commit-raised_RuntimeError-[0-9a-f]{8}\.safetensors",
+                                                                copy.name)
+    assert copy.read_bytes() == (bundle / "trace.safetensors").read_bytes()
     assert summary["shrunk_events"] == 1 and summary["shrunk_rows"] == 1 and summary["fresh_process_exit"] == 3
     done = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True)
     assert done.returncode == 3 and "RuntimeError: illegal memory access" in done.stderr

@@ -8,16 +8,20 @@ checked in a fresh process first. ``kda repro`` only parses its options and rend
 
 from __future__ import annotations
 
+import hashlib
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from traces.bundle import BundleError, Recheck, write_bundle
 from traces.determinism import DeterminismReport, check_determinism
+from traces.files import written_whole
 from traces.impl import load_impl
 from traces.io import read_trace
 from traces.schema import TraceError
-from traces.shrink import ShrinkResult, shrink
+from traces.shrink import ShrinkResult, Signature, shrink
 from traces.tape import Tape
 
 
@@ -33,6 +37,8 @@ class Reproduction:
     result: ShrinkResult | None = None
     bundle: Path | None = None
     recheck: Recheck | None = None
+    corpus_copy: Path | None = None
+    """Where the bundle's trace was added to a corpus (``reproduce(corpus=...)``)."""
 
     @property
     def passed(self) -> bool:
@@ -43,7 +49,8 @@ class Reproduction:
         out: dict[str, Any] = {"trace": str(self.trace), "impl": self.impl, "device": self.device,
                                "events": self.events, "passed": self.passed,
                                "determinism": self.determinism.to_json() if self.determinism else None,
-                               "bundle": None if self.bundle is None else str(self.bundle)}
+                               "bundle": None if self.bundle is None else str(self.bundle),
+                               "corpus_copy": None if self.corpus_copy is None else str(self.corpus_copy)}
         if self.result is not None:
             small = self.result.tape
             out.update(original=self.result.original.to_json(), shrunk=self.result.divergence.to_json(),
@@ -56,7 +63,7 @@ class Reproduction:
 
 def reproduce(trace: str | Path, out: str | Path, *, replace: bool = False, impl: str = "triton", oracle: str = "reference",
               device: str = "cpu", tolerances: dict | None = None, replay_args: list[str] | None = None,
-              determinism: int = 0, max_checks: int = 400,
+              determinism: int = 0, max_checks: int = 400, corpus: str | Path | None = None,
               progress: Callable[[str], None] | None = None) -> Reproduction:
     """Shrink the failing ``trace`` through ``impl`` (a ``traces.impl.load_impl`` spec) and
     write the bundle to ``out`` (a folder that must not exist, or be empty, or with
@@ -65,7 +72,8 @@ def reproduce(trace: str | Path, out: str | Path, *, replace: bool = False, impl
     ``progress`` gets one line per stage and per shrinking step kept; ``oracle`` regenerates
     expected results while shrinking; ``replay_args`` are the extra
     ``kda replay`` options ``repro.sh`` passes (tolerances); ``determinism`` >= 2 also
-    replays that many times and compares bit for bit. Raises ``TraceError``/``ImplError``
+    replays that many times and compares bit for bit; ``corpus``, a folder, also gets a copy of
+    the bundle's trace (``add_to_corpus``). Raises ``TraceError``/``ImplError``
     for bad input and ``BundleError`` when the bundle does not fail the same way in a fresh
     process; nothing is written then, nor when the replay passes.
     """
@@ -89,4 +97,28 @@ def reproduce(trace: str | Path, out: str | Path, *, replace: bool = False, impl
     except TraceError as exc:
         raise BundleError(f"the shrunk trace cannot be written: {exc}") from exc
     found.bundle = out
+    if corpus is not None:
+        found.corpus_copy = add_to_corpus(out / "trace.safetensors", Path(corpus), found.result.divergence.signature)
     return found
+
+
+def corpus_name(signature: Signature, data: bytes) -> str:
+    """A corpus file name that says what the trace reproduces: ``OP-TENSOR-KIND-HASH.safetensors``
+    (no TENSOR when the implementation raised), HASH the first 8 hex digits of the file's
+    SHA-256, every run of characters other than letters, digits and ``.`` as ``_``."""
+    parts = [signature.op, *([signature.tensor] if signature.tensor != "-" else []), signature.kind,
+             hashlib.sha256(data).hexdigest()[:8]]
+    return "-".join(re.sub(r"[^A-Za-z0-9.]+", "_", part) for part in parts) + ".safetensors"
+
+
+def add_to_corpus(trace: Path, folder: Path, signature: Signature) -> Path:
+    """Copy ``trace`` into ``folder`` (created if missing) as ``corpus_name``, written whole or
+    not at all; the copy's path. Raises ``FileExistsError`` when that file exists: the same
+    trace is in the corpus already, and is never overwritten."""
+    copy = folder / corpus_name(signature, trace.read_bytes())
+    if copy.exists():
+        raise FileExistsError(f"{copy} exists: the corpus holds this trace already; not overwritten")
+    folder.mkdir(parents=True, exist_ok=True)
+    with written_whole(copy) as tmp:
+        shutil.copyfile(trace, tmp)
+    return copy

@@ -27,7 +27,9 @@ HINT_SECONDS = 30.0
 
 
 def replay(
-    trace: Optional[Path] = typer.Argument(None, help="Trace file; the shipped Kimi-K3 sample when omitted."),
+    context: typer.Context,
+    trace: Optional[Path] = typer.Argument(None, metavar="TRACE...", help="Trace file, or several files and folders "
+                                           "(a corpus: their *.safetensors); the shipped Kimi-K3 sample when omitted."),
     impl: str = typer.Option("triton", "--impl", help="triton, reference, a module name or a .py file path."),
     format: str = typer.Option("human", "--format", help="human or json."),
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="Stop after the first event with a mismatch."),
@@ -36,8 +38,19 @@ def replay(
     rtol: List[str] = typer.Option([], "--rtol", metavar="[DTYPE=]X", help="DTYPE=X or X for every float dtype; repeatable."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
                                   help="Progress on stderr: a bar on a terminal, else a line every few seconds."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Corpus: worker processes (default: one per "
+                                          "visible GPU, or per CPU core under the Triton interpreter)."),
+    junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help="Corpus: write a JUnit XML report here."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS",
+                                      help="Corpus: one Ray task per trace on the cluster at ADDRESS (auto, "
+                                           "ray://host:port, or local for a Ray instance started here)."),
+    ray_ship: bool = typer.Option(False, "--ray-ship", help="Corpus on Ray: send each trace's bytes with its task "
+                                                            "(default: tasks read the path, on a shared file system)."),
 ) -> None:
     """Replay a trace's events and compare every result with the recorded one.
+
+    Several traces, a folder, or any corpus option replays a corpus: one line per trace as it
+    finishes, then a summary; the exit code is the worst trace's.
 
     Exit codes: 0 match, 1 mismatch, 2 bad input or usage, 3 runtime failure, 130/143 stopped by
     Ctrl-C/SIGTERM (the events compared so far are summarised first).
@@ -45,6 +58,14 @@ def replay(
     check_format(format)
     tolerances = parse_tolerances(atol, rtol)
     parse_range(events)  # refuse a malformed range before any heavy import
+    traces = [trace, *map(Path, context.args)] if trace is not None else []  # more traces: extra arguments
+    if len(traces) > 1 or any(t.is_dir() for t in traces) or workers is not None or junit_xml or ray or ray_ship:
+        if events is not None:
+            raise CommandError("--events selects events of one trace; a corpus replays every event")
+        from kda_cli.commands.replay_corpus import replay_corpus
+
+        return replay_corpus(traces, impl=impl, format=format, stop_at_first=stop_at_first, tolerances=tolerances,
+                             workers=workers, junit_xml=junit_xml, ray=ray, ship=ray_ship)
     if trace is not None and not trace.is_file():
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported

@@ -6,7 +6,7 @@ The workflow is ``traces.repro.reproduce``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import typer
 
@@ -29,6 +29,8 @@ def repro(
     max_checks: int = typer.Option(400, "--max-checks", help="Most candidate traces to try while shrinking."),
     atol: List[str] = typer.Option([], "--atol", metavar="[DTYPE=]X", help="DTYPE=X or X, as for kda replay; repeatable."),
     rtol: List[str] = typer.Option([], "--rtol", metavar="[DTYPE=]X", help="DTYPE=X or X, as for kda replay; repeatable."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", help="Also copy the bundle's trace into this corpus "
+                                          "folder, named for what it reproduces (op, tensor, kind, hash)."),
     format: str = typer.Option("human", "--format", help="human or json."),
     force: bool = force_option("an earlier bundle in --out"),
 ) -> None:
@@ -51,6 +53,8 @@ def repro(
     if not trace.is_file():
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     output_folder(out, "--out", replaceable=_earlier_bundle if force else None)
+    if corpus is not None and corpus.exists() and not corpus.is_dir():
+        raise CommandError(f"--corpus {corpus}: exists and is not a folder", EXIT_BAD_INPUT)
     device = select_device()
 
     from traces.bundle import BundleError
@@ -60,12 +64,14 @@ def repro(
         with bad_input(), implementation_prints(format):
             found = reproduce(trace, out, replace=force, impl=impl, oracle=oracle, device=device,
                               tolerances=tolerances, replay_args=[f"--atol={a}" for a in atol] + [f"--rtol={r}" for r in rtol],
-                              determinism=determinism, max_checks=max_checks,
+                              determinism=determinism, max_checks=max_checks, corpus=corpus,
                               progress=lambda line: note(f"repro: {line}"))
     except KeyboardInterrupt:
         raise interrupted("nothing written") from None
     except BundleError as exc:
         raise CommandError(str(exc), EXIT_RUNTIME) from None
+    except FileExistsError as exc:
+        raise CommandError(f"--corpus: {exc} (the bundle is written: {out})", EXIT_BAD_INPUT) from None
     summary = found.to_json()
     emit(summary, format, _render)
     if not found.passed or (found.determinism is not None and not found.determinism.deterministic):
@@ -89,6 +95,8 @@ def _render(s: dict) -> None:
               f"at most {plural(s['shrunk_rows'], 'row')}, H={s['shrunk_dims']['H']} T={s['shrunk_dims']['T']} ({plural(s['checks'], 'candidate')} tried); "
               f"same divergence at event {d['event']}, also in a fresh process")
         print(f"bundle: {s['bundle']} (trace.safetensors, report.md, repro.sh)")
+        if s["corpus_copy"]:
+            print(f"corpus: {s['corpus_copy']}")
     runs = s["determinism"]
     if runs:
         verdict = "bitwise identical" if runs["deterministic"] else \

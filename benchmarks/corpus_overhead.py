@@ -1,0 +1,92 @@
+"""The local pool's cost per trace: ``kda replay CORPUS --workers 1`` against a plain loop.
+
+usage: python3 benchmarks/corpus_overhead.py [--traces 50] [--impl triton] [--folder DIR]
+
+Builds a corpus of small K3-shaped traces (k3-tp8: H=12, K=V=128, T=8; 4 requests, at most 3
+decode steps each; 5 synthesised, copied up to ``--traces``) in ``--folder`` (a temporary
+folder by default), replays every trace once to warm Triton's cache, then times the same
+replays (``traces.corpus.replay_one``) in a loop in this process and through
+``traces.corpus_pool.run_pool`` with one worker. Prints the median replay time of a trace,
+both wall times, the worker's start-up (spawn, imports, CUDA context: once a run) and the
+pool's overhead per trace with and without it, as a share of a trace's replay time. Exit
+status 0 when every replay passed both ways. On a machine without CUDA it runs through the
+Triton interpreter (use ``--impl reference`` and few traces there: a smoke run, no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_cli.runtime import select_device  # noqa: E402
+
+DISTINCT = 5
+"""Traces synthesised; the others are copies (the replay reads every file anyway)."""
+
+
+def build_corpus(folder: Path, count: int) -> list[Path]:
+    from traces.synth import synthesize
+    from traces.synth_config import SynthConfig
+
+    sources = []
+    for seed in range(min(DISTINCT, count)):
+        path = folder / f"k3-small-{seed:03d}.safetensors"
+        synthesize(SynthConfig(preset="k3-tp8", requests=4, max_batch=4, max_decode_steps=3, seed=seed)).write(path)
+        sources.append(path)
+    for i in range(len(sources), count):
+        shutil.copy(sources[i % len(sources)], folder / f"k3-small-{i:03d}.safetensors")
+    return sorted(folder.glob("*.safetensors"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=int, default=50)
+    parser.add_argument("--impl", default="triton")
+    parser.add_argument("--folder", type=Path, default=None)
+    args = parser.parse_args()
+    device = select_device()
+    from traces.corpus import ReplaySettings, replay_one
+    from traces.corpus_pool import run_pool
+
+    with tempfile.TemporaryDirectory(prefix="kda-corpus-") as scratch:
+        folder = args.folder or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        traces = build_corpus(folder, args.traces)
+        settings = ReplaySettings(args.impl)
+        warm = [replay_one(t, settings, device) for t in traces[:DISTINCT]]  # compiles into Triton's disk cache
+
+        began = time.perf_counter()
+        loop = [replay_one(t, settings, device) for t in traces]
+        loop_wall = time.perf_counter() - began
+
+        first: list[float] = []
+        began = time.perf_counter()
+        run = run_pool(traces, settings, device=device, workers=1,
+                       on_result=lambda r: first.append(time.perf_counter() - began) if not first else None)
+        pool_wall = time.perf_counter() - began
+
+    per_trace = statistics.median(r.seconds for r in loop)
+    startup = first[0] - run.results[0].seconds
+    steady = (pool_wall - startup - loop_wall) / len(traces)
+    whole = (pool_wall - loop_wall) / len(traces)
+    print(f"{len(traces)} traces, impl {args.impl} on {device}; a trace's replay: median {per_trace * 1e3:.1f} ms")
+    print(f"loop in one process: {loop_wall:.2f} s; pool, 1 worker: {pool_wall:.2f} s "
+          f"(worker start-up {startup:.2f} s, once a run)")
+    print(f"pool overhead per trace: {steady * 1e3:.2f} ms ({steady / per_trace:.1%} of a replay) past start-up; "
+          f"{whole * 1e3:.2f} ms ({whole / per_trace:.1%}) with it spread over the {len(traces)} traces")
+    outcomes = [r.outcome for r in warm + loop + run.results]
+    if any(o != "passed" for o in outcomes) or len(run.results) != len(traces):
+        print(f"not every replay passed: {sorted(set(outcomes))}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
