@@ -38,6 +38,7 @@ import argparse
 import os
 import random
 import sys
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,6 +297,8 @@ def main(argv: list[str]) -> int:
         return 2
     if not cuda:  # Triton kernels run on a CPU only through the interpreter, chosen before they are imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        # numpy's overflow warnings from the interpreter's exp (masked lanes going to inf) are noise
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
     try:
         from examples import recoverssm_module as mod
     except ValueError as exc:  # an unknown KDA_EXAMPLE_BUG
