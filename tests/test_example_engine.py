@@ -166,7 +166,7 @@ def test_the_commit_bug_fails_the_replay_and_repro_shrinks_it_to_the_commit(reco
     (["--graphs"], {}, "Error: --graphs needs a CUDA device"),
     (["--steps", "0"], {}, "Error: --steps 0: expected a positive number"),
     ([], {BUG: "commit-lens"}, f"Error: {BUG}=commit-lens: expected one of commit-len"),
-])
+], ids=["graphs-on-a-cpu", "no-steps", "unknown-bug"])
 def test_the_engine_refuses_bad_input_with_one_line(args, env, message):
     if args == ["--graphs"] and torch.cuda.is_available():
         pytest.skip("--graphs runs on a CUDA device")
