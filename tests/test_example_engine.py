@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from examples.serve_engine import LOWER_BOUND
 from traces.io import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,3 +174,34 @@ def test_the_engine_refuses_bad_input_with_one_line(args, env, message):
     done = _run([sys.executable, ENGINE, *args], **env)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith(message)
+
+
+def test_the_stale_slot_commit_folds_one_record_more_on_a_slot_reused_by_another_row(device):
+    """``StaleSlotCommit`` against kda's commit, bit for bit: a slot's first commit and a commit
+    for the row it remembers fold ``n``; one for another row folds ``min(n + 1, T)``, once."""
+    import kernels
+    from examples.recoverssm_module import StaleSlotCommit
+    from tests.seeds import fresh_seed
+
+    H, K, V, T = 2, 16, 16, 4
+    g = torch.Generator().manual_seed(fresh_seed())
+    pool = (torch.randn(3, H, V, K, generator=g) * 0.5).to(device)
+    records = kernels.allocate_records(3, H, T, K, V, torch.bfloat16, device)
+    records.correction.copy_(torch.randn(records.correction.shape, generator=g))
+    records.key_gate.copy_(torch.randn(records.key_gate.shape, generator=g))
+    A_log = torch.log(torch.empty(H).uniform_(1.0, 16.0, generator=g)).to(device)
+    dt_bias = torch.randn(H * K, generator=g).to(device)
+    commit, expected = StaleSlotCommit(), pool.clone()
+
+    def i32(*values: int) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    for slot, row, n, folds in ((1, 0, 2, 2), (1, 0, 2, 2), (1, 1, 2, 3), (1, 1, 2, 2), (2, 2, 1, 1), (2, 0, T, T),
+                                (2, 1, 0, 0), (2, 0, 1, 1)):
+        plan = kernels.CommitPlan(i32(n), i32(slot), i32(0), i32(0))
+        commit(pool, records, A_log, dt_bias, LOWER_BOUND, i32(slot), plan, record_indices=i32(row))
+        kernels.kda_recoverssm_commit(expected, records, A_log, dt_bias, LOWER_BOUND, i32(slot),
+                                      kernels.CommitPlan(i32(folds), i32(slot), i32(0), i32(0)),
+                                      record_indices=i32(row))
+        assert torch.equal(pool, expected), f"slot {slot}, record row {row}, n={n}: expected {folds} folded"
+        assert plan.commit_lens.tolist() == [n]
