@@ -1,0 +1,1 @@
+"""An example serving engine and its RecoverSSM module (not installed with the package)."""

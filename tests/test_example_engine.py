@@ -1,0 +1,207 @@
+"""The example serving engine (``examples/serve_engine.py``) over its RecoverSSM module
+(``examples/recoverssm_module.py``): it runs the same for the same seed; ``kda record run
+--patch examples.recoverssm_module`` records it unedited, in each mode and on a layer other
+than 0, and the recording replays through kda's kernels and through the module bit for bit,
+and through the reference; with the module's commit bug on, the recording fails and ``kda
+repro`` shrinks it to a bundle that fails at the commit the bug made."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples.serve_engine import LOWER_BOUND
+from traces.io import read_trace
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = str(REPO / "examples" / "serve_engine.py")
+MODULE = "examples.recoverssm_module"
+MODULE_FILE = "examples/recoverssm_module.py"
+BUG = "KDA_EXAMPLE_BUG"
+EXACT = ["--atol", "0", "--rtol", "0"]
+"""Every float dtype: the same kernels on the same device give the same bits."""
+STEPS = 6
+RECORDINGS = {
+    "deferred": (["--mode", "deferred", "--layers", "1", "--steps", str(STEPS), "--seed", "1"], 0),
+    "stock": (["--mode", "stock", "--layers", "1", "--steps", str(STEPS), "--seed", "2"], 0),
+    "mixed": (["--mode", "mixed", "--layers", "2", "--steps", str(STEPS), "--seed", "4"], 1),
+}
+"""Name -> the engine's arguments and the layer recorded."""
+
+
+def _run(command: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``command`` from the repository root, the repository on PYTHONPATH, no engine bug
+    unless ``env`` sets one."""
+    base = {name: value for name, value in os.environ.items() if name != BUG}
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**base, "PYTHONPATH": str(REPO), "NO_COLOR": "1", **env})
+
+
+def _kda(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", "kda_cli", *args], **env)
+
+
+def _record(path: Path, engine_args: list[str], layer: int, **env: str) -> subprocess.CompletedProcess:
+    """Record the engine unedited; with ``--format json`` its own output goes to stderr."""
+    return _kda("record", "run", str(path), "--patch", MODULE, "--layer", str(layer), "--format", "json", "--",
+                sys.executable, ENGINE, *engine_args, **env)
+
+
+def _replay(path: Path, impl: str, *tolerances: str) -> dict:
+    done = _kda("replay", str(path), "--impl", impl, "--format", "json", "--no-progress", *tolerances)
+    assert done.returncode in (0, 1), done.stderr
+    return {"exit": done.returncode, **json.loads(done.stdout)}
+
+
+def _step_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(("step ", "final "))]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Each recording's trace and the engine's output while it was recorded."""
+    folder = tmp_path_factory.mktemp("engine")
+    runs = {}
+    for name, (args, layer) in RECORDINGS.items():
+        path = folder / f"{name}.safetensors"
+        done = _record(path, args, layer)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["events"] > 0
+        runs[name] = (path, done.stderr)
+    return runs
+
+
+def test_the_engine_gives_the_same_checksums_for_the_same_seed(recorded):
+    """A plain run of the first steps prints what the recorded run of the same seed printed
+    for them; the pools change over the run, and each layer has its own."""
+    args, _ = RECORDINGS["mixed"]
+    done = _run([sys.executable, ENGINE, *args, "--steps", "3"])
+    assert done.returncode == 0, done.stderr
+    lines, recorded_lines = _step_lines(done.stdout), _step_lines(recorded["mixed"][1])
+    assert len(lines) == 3 + 1 and len(recorded_lines) == STEPS + 1
+    assert lines[:3] == recorded_lines[:3]
+    checksums = [line.split("pools ")[1].split() for line in recorded_lines]
+    assert checksums[0] != checksums[-1] and all(len(c) == 2 and c[0] != c[1] for c in checksums)
+
+
+def test_the_recordings_hold_what_a_serving_engine_does(recorded):
+    """Slots reused by another request, padding rows, null slots, eager rows, and in mixed mode
+    both kinds of step; the recorded layer is the one asked for."""
+    for name, (path, _) in recorded.items():
+        with read_trace(path) as trace:
+            events = [(e.op, {role: trace.tensor(ref) for role, ref in e.inputs.items() if ref is not None})
+                      for e in trace.events]
+            provenance = trace.manifest.provenance
+        assert provenance["layer"] == RECORDINGS[name][1] and provenance["patched"] == [MODULE]
+        ops = [op for op, _ in events]
+        assert ("defer" in ops) == (name != "stock")
+        steps = [i for i, op in enumerate(ops) if op == "verify"]
+        assert len(steps) == STEPS
+        deferred_steps = sum(ops[i + 2] == "defer" for i in steps)
+        assert deferred_steps == {"deferred": STEPS, "stock": 0}.get(name, deferred_steps)
+        if name == "mixed":
+            assert 0 < deferred_steps < STEPS
+        owner: dict[int, int] = {}
+        reused = False
+        for op, inputs in events:
+            if op != "verify":
+                continue
+            slots, rows = inputs["state_indices"].tolist(), inputs["record_indices"].tolist()
+            for slot, row in zip(slots, rows):
+                if slot > 0:
+                    reused |= owner.setdefault(slot, row) != row
+                    owner[slot] = row
+        assert reused
+        for padding_or_null in (-1, 0):
+            assert any(padding_or_null in inputs["state_indices"].tolist() for op, inputs in events if op == "verify")
+        if name != "stock":
+            assert any(bool(inputs["eager"].any()) for op, inputs in events if op == "defer")
+
+
+@pytest.mark.parametrize("name, impl", [
+    ("deferred", "triton"), ("stock", "triton"), ("mixed", "triton"),
+    ("mixed", "reference"), ("mixed", MODULE_FILE),
+])
+def test_a_recording_replays(recorded, name, impl):
+    """Exit 0; through kda's kernels or the module (the same kernels, on the device that
+    recorded), bit for bit."""
+    path, _ = recorded[name]
+    report = _replay(path, impl, *(EXACT if impl != "reference" else ()))
+    assert report["exit"] == 0 and report["passed"], [t for e in report["events"] for t in e["tensors"]
+                                                      if not t["passed"]][:3]
+
+
+def test_the_commit_bug_fails_the_replay_and_repro_shrinks_it_to_the_commit(recorded, tmp_path):
+    """With ``KDA_EXAMPLE_BUG=commit-len`` the engine's pools part from the correct run's once
+    a reused slot is committed; the recording replays with exit 1, and ``kda repro`` writes a
+    bundle whose first divergence is a commit's (or flush's) state, and whose ``repro.sh``
+    exits 1."""
+    args, layer = RECORDINGS["deferred"]
+    path = tmp_path / "bug.safetensors"
+    done = _record(path, args, layer, **{BUG: "commit-len"})
+    assert done.returncode == 0, done.stderr
+    correct, buggy = _step_lines(recorded["deferred"][1]), _step_lines(done.stderr)
+    assert correct[0] == buggy[0] and correct[-1] != buggy[-1]
+
+    report = _replay(path, "triton", "--stop-at-first")
+    assert report["exit"] == 1 and not report["passed"]
+
+    bundle = tmp_path / "bundle"
+    done = _kda("repro", str(path), "--out", str(bundle), "--impl", "triton", "--format", "json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    for found in (summary["original"], summary["shrunk"]):
+        assert found["op"] in ("commit", "flush") and found["tensor"] == "states", found
+    assert f"op `{summary['shrunk']['op']}`, tensor `states`" in (bundle / "report.md").read_text()
+    done = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--graphs"], {}, "Error: --graphs needs a CUDA device"),
+    (["--steps", "0"], {}, "Error: --steps 0: expected a positive number"),
+    ([], {BUG: "commit-lens"}, f"Error: {BUG}=commit-lens: expected one of commit-len"),
+], ids=["graphs-on-a-cpu", "no-steps", "unknown-bug"])
+def test_the_engine_refuses_bad_input_with_one_line(args, env, message):
+    if args == ["--graphs"] and torch.cuda.is_available():
+        pytest.skip("--graphs runs on a CUDA device")
+    done = _run([sys.executable, ENGINE, *args], **env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and done.stderr.startswith(message)
+
+
+def test_the_stale_slot_commit_folds_one_record_more_on_a_slot_reused_by_another_row(device):
+    """``StaleSlotCommit`` against kda's commit, bit for bit: a slot's first commit and a commit
+    for the row it remembers fold ``n``; one for another row folds ``min(n + 1, T)``, once."""
+    import kernels
+    from examples.recoverssm_module import StaleSlotCommit
+    from tests.seeds import fresh_seed
+
+    H, K, V, T = 2, 16, 16, 4
+    g = torch.Generator().manual_seed(fresh_seed())
+    pool = (torch.randn(3, H, V, K, generator=g) * 0.5).to(device)
+    records = kernels.allocate_records(3, H, T, K, V, torch.bfloat16, device)
+    records.correction.copy_(torch.randn(records.correction.shape, generator=g))
+    records.key_gate.copy_(torch.randn(records.key_gate.shape, generator=g))
+    A_log = torch.log(torch.empty(H).uniform_(1.0, 16.0, generator=g)).to(device)
+    dt_bias = torch.randn(H * K, generator=g).to(device)
+    commit, expected = StaleSlotCommit(), pool.clone()
+
+    def i32(*values: int) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    for slot, row, n, folds in ((1, 0, 2, 2), (1, 0, 2, 2), (1, 1, 2, 3), (1, 1, 2, 2), (2, 2, 1, 1), (2, 0, T, T),
+                                (2, 1, 0, 0), (2, 0, 1, 1)):
+        plan = kernels.CommitPlan(i32(n), i32(slot), i32(0), i32(0))
+        commit(pool, records, A_log, dt_bias, LOWER_BOUND, i32(slot), plan, record_indices=i32(row))
+        kernels.kda_recoverssm_commit(expected, records, A_log, dt_bias, LOWER_BOUND, i32(slot),
+                                      kernels.CommitPlan(i32(folds), i32(slot), i32(0), i32(0)),
+                                      record_indices=i32(row))
+        assert torch.equal(pool, expected), f"slot {slot}, record row {row}, n={n}: expected {folds} folded"
+        assert plan.commit_lens.tolist() == [n]
