@@ -25,7 +25,7 @@ def check_format(format: str) -> None:
 def parse_tolerances(atol: Iterable[str], rtol: Iterable[str]) -> dict:
     """``--atol``/``--rtol`` values ``DTYPE=X`` or ``X`` (every float dtype) -> per-dtype
     ``Tolerance``, the defaults where not overridden."""
-    from traces.tolerances import DEFAULT_TOLERANCES, Tolerance
+    from traces.replay.tolerances import DEFAULT_TOLERANCES, Tolerance
 
     table = dict(DEFAULT_TOLERANCES)
     for option, values in (("atol", atol), ("rtol", rtol)):

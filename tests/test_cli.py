@@ -205,9 +205,9 @@ def test_replay_explains_ops_without_recorded_results(capsys):
     """The sample's commits carry no expected results: the per-op row says 0 tensors, and a
     line says why instead of leaving ``commit 4 0 0 n/a`` unexplained."""
     from kda_cli.commands.replay import _render
-    from traces.compare import DEFAULT_TOLERANCES
-    from traces.replay import EventReport, ReplayReport
-    from traces.schema import BufferSizes, Dims, Manifest
+    from traces.replay.compare import DEFAULT_TOLERANCES
+    from traces.replay.engine import EventReport, ReplayReport
+    from traces.format.schema import BufferSizes, Dims, Manifest
 
     report = ReplayReport("t.safetensors", "reference", "cpu", dict(DEFAULT_TOLERANCES), event_range=(0, 4),
                           events=[EventReport(i, "commit", [], None) for i in range(4)])

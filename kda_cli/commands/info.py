@@ -14,7 +14,7 @@ from kda_cli.runtime import bad_input
 
 def trace_summary(trace) -> dict:
     """The manifest's facts and counts, as plain JSON types."""
-    from traces.schema import FORMAT_NAME, FORMAT_VERSION
+    from traces.format.schema import FORMAT_NAME, FORMAT_VERSION
 
     m = trace.manifest
     per_op = Counter(e.op for e in m.events)
@@ -39,7 +39,7 @@ def info(
 ) -> None:
     """Summarise a trace: shapes, dtypes, buffer sizes, events per op, provenance."""
     check_format(format)
-    from traces.io import read_trace
+    from traces.format.io import read_trace
 
     with bad_input(), read_trace(trace) as opened:
         s = trace_summary(opened)

@@ -44,7 +44,7 @@ def merge(
     if not shards.is_dir():
         raise CommandError(f"{shards}: {'is not a folder' if shards.exists() else 'no such folder'}")
     output_file(out, "OUT")
-    from traces.record import RecordError, merge_shards
+    from traces.record.recorder import RecordError, merge_shards
 
     try:
         result = merge_shards(shards, out)
@@ -89,8 +89,8 @@ def run(
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
     output_file(out, "OUT")
-    from traces.record import RecordError, shards_dir
-    from traces.record_run import RecordRunError, record_command
+    from traces.record.recorder import RecordError, shards_dir
+    from traces.record.run import RecordRunError, record_command
 
     patches = list(parse_names(patch))
     try:

@@ -1,6 +1,6 @@
 """``kda replay``: replay a trace through an implementation; parsing and rendering only.
 
-The engine is ``traces.replay``; comparisons are ``traces.compare``.
+The engine is ``traces.replay.engine``; comparisons are ``traces.replay.compare``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def replay(
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported
 
-    from traces.impl import load_impl
-    from traces.io import read_trace
-    from traces.replay import ReplayFailure, ReplayInterrupted, replay as run_replay
+    from traces.impl.loader import load_impl
+    from traces.format.io import read_trace
+    from traces.replay.engine import ReplayFailure, ReplayInterrupted, replay as run_replay
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())

@@ -1,6 +1,6 @@
 """``kda repro``: shrink a failing trace into a bug-report bundle; parsing and rendering only.
 
-The workflow is ``traces.repro.reproduce``.
+The workflow is ``traces.repro.reproduction.reproduce``.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def repro(
     output_folder(out, "--out")
     device = select_device()
 
-    from traces.bundle import BundleError
-    from traces.repro import reproduce
+    from traces.repro.bundle import BundleError
+    from traces.repro.reproduction import reproduce
 
     try:
         with bad_input(), implementation_prints(format):

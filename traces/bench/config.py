@@ -39,7 +39,7 @@ PRESETS = {
 
 @dataclass
 class BenchConfig:
-    """What to run. ``impls`` are specs for ``traces.impl.load_impl``; ``touch_bytes`` is
+    """What to run. ``impls`` are specs for ``traces.impl.loader.load_impl``; ``touch_bytes`` is
     the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples;
     ``layers``: KDA layers of a model, every row timing one model's calls (``workload``)."""
 

@@ -90,6 +90,6 @@ class SurfaceImpl:
 def op_routes(impl, name: str) -> dict[str, str]:
     """Op -> the implementation it runs through: ``impl.routes`` for a ``SurfaceImpl``, else
     ``name`` for every op."""
-    from traces.impl import API
+    from traces.impl.loader import API
 
     return dict(impl.routes) if isinstance(impl, SurfaceImpl) else {op: name for op in API}

@@ -3,7 +3,7 @@
 ``read_trace(path)`` opens a trace lazily (``safe_open``) and validates it in full before
 returning; tensors are then loaded one at a time with ``Trace.tensor``. ``write_trace``
 validates too, and writes whole or not at all (``save_atomic``, which the recorder's shards
-use as well: ``traces.files.written_whole``). ``TraceBuilder`` names the tensors of a trace being recorded or synthesised.
+use as well: ``traces.format.files.written_whole``). ``TraceBuilder`` names the tensors of a trace being recorded or synthesised.
 
 Integrity: the writer stores a second metadata entry, ``checksums`` (CRC-32 of the manifest
 text and of every tensor's bytes). The reader refuses any other metadata entry, checks the
@@ -25,10 +25,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from traces.files import written_whole
-from traces.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError, strict_json
-from traces.signals import interrupts_held
-from traces.validate import DictSource, TensorMeta, validate_trace
+from traces.format.files import written_whole
+from traces.format.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError, strict_json
+from traces.format.signals import interrupts_held
+from traces.format.validate import DictSource, TensorMeta, validate_trace
 
 _SAFETENSORS_DTYPES = {
     "BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32",

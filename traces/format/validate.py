@@ -13,7 +13,7 @@ from typing import Mapping, Protocol
 
 import torch
 
-from traces.schema import (
+from traces.format.schema import (
     BUFFERS, EXPECTED, INPUTS, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError, check_one_role_per_tensor,
 )
 

@@ -1,5 +1,5 @@
 """Run at the start of a process by ``kda record run --patch`` (this folder is put first on
-PYTHONPATH): install the recording import hook (``traces.patch.install_from_env``), then run
+PYTHONPATH): install the recording import hook (``traces.record.patch.install_from_env``), then run
 the environment's own ``sitecustomize``, if it has one."""
 
 import importlib.machinery
@@ -17,8 +17,8 @@ def _run_own_sitecustomize() -> None:
 
 
 try:
-    from traces.patch import install_from_env
-    from traces.record import RecordError
+    from traces.record.patch import install_from_env
+    from traces.record.recorder import RecordError
 
     try:
         install_from_env()

@@ -2,7 +2,7 @@
 
 ``triton`` is the ``kernels`` package, ``reference`` is ``kernels.reference``; anything
 else is an importable module name or a path to a ``.py`` file exposing the same five
-functions, or only the documented surface (``traces.surface.SURFACE``: verify, the records
+functions, or only the documented surface (``traces.impl.surface.SURFACE``: verify, the records
 type and the two raw kernels), in which case the ops it lacks run through kda's kernels.
 The buffer API (``KDARecoverSSMRecords``, ``CommitPlan``, ``allocate_records``) is the
 module's own when it defines it, else that of ``kernels.buffers``.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from traces.surface import SURFACE, SurfaceImpl, has_surface
+from traces.impl.surface import SURFACE, SurfaceImpl, has_surface
 
 API = {
     "verify": "kda_recoverssm_verify",

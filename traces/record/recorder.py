@@ -1,7 +1,7 @@
 """Recording the kernel calls of a live process into a trace (format v1).
 
 ``Recorder(path, impl)`` exposes the kernel API of ``impl`` (``kernels`` by default; any
-spec ``traces.impl.load_impl`` accepts, or a module object) and forwards every call to it.
+spec ``traces.impl.loader.load_impl`` accepts, or a module object) and forwards every call to it.
 Each recorded call becomes one event:
 
 - before the call, its inputs and the first-seen contents of every buffer region it may
@@ -21,10 +21,10 @@ Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the 
 call is forwarded as it is, so the graph captures what it would without the recorder, and
 counted in ``skipped_calls`` as ``captured`` (one line on stderr says so). What the graph's
 replays change in the buffers reaches the trace as ``write`` events, as every write outside
-the recorded calls does (``traces.record_events``). The bookkeeping of events (bound buffers, first-seen
-snapshots, shards, caps, merge) is ``traces.record_events.EventRecorder``, which ``Recorder``
+the recorded calls does (``traces.record.events``). The bookkeeping of events (bound buffers, first-seen
+snapshots, shards, caps, merge) is ``traces.record.events.EventRecorder``, which ``Recorder``
 maps the kernel API onto. A program that was not edited is recorded by patching its
-modules (``traces.patch``).
+modules (``traces.record.patch``).
 
 ``record_trace(path, ...)`` is the context-manager form. ``api()`` is the hook a process
 uses to get the kernel API: the plain implementation, or, when ``KDA_RECORD`` names a
@@ -43,9 +43,9 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from traces.record_events import EventRecorder, shards_dir
-from traces.schema import NULL_ID, PLAN_FIELDS
-from traces.shards import MergeResult, RecordError, merge_shards
+from traces.record.events import EventRecorder, shards_dir
+from traces.format.schema import NULL_ID, PLAN_FIELDS
+from traces.record.shards import MergeResult, RecordError, merge_shards
 
 ENV_PATH = "KDA_RECORD"
 
@@ -273,11 +273,11 @@ def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=None, snapshot: str = "touched") -> None:
-    """Play ``tape`` (a ``traces.tape.Tape``) through ``api`` under a recorder writing ``path``,
+    """Play ``tape`` (a ``traces.format.tape.Tape``) through ``api`` under a recorder writing ``path``,
     so that what ``api`` computes becomes the expected results. ``bufs``: the buffers to
     play on (default: fresh ``initial_buffers``); the recorder binds them up front.
     ``snapshot``: the recorder's (``all`` keeps the initial buffers whole)."""
-    from traces.tape import initial_buffers, play
+    from traces.format.tape import initial_buffers, play
 
     bufs = bufs or initial_buffers(tape, api, device)
     with Recorder(path, api, snapshot=snapshot) as rec:
@@ -312,7 +312,7 @@ def api(impl: str = "kernels"):
     global _process_recorder
     path = os.environ.get(ENV_PATH)
     if not path:
-        from traces.impl import load_impl
+        from traces.impl.loader import load_impl
 
         return load_impl(impl)
     if _process_recorder is None:

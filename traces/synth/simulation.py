@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from kernels import reference as ref
-from traces.io import TraceBuilder
-from traces.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Manifest
-from traces.synth_config import PRESETS, SynthConfig
-from traces.validate import TORCH_DTYPES
+from traces.format.io import TraceBuilder
+from traces.format.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, Manifest
+from traces.synth.config import PRESETS, SynthConfig
+from traces.format.validate import TORCH_DTYPES
 
 @dataclass
 class _Request:
@@ -66,7 +66,7 @@ class _Simulation:
         self.rng = np.random.default_rng(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         sizes = BufferSizes(self.num_slots, self.num_rows, cfg.max_batch)
-        from traces.provenance import trace_provenance
+        from traces.format.provenance import trace_provenance
 
         steps = "" if cfg.steps is None else f" --steps {cfg.steps}"
         note = cfg.note or (f"kda synth --preset {cfg.preset} --mode {cfg.mode} --requests {cfg.requests}"

@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.determinism import DeterminismReport
-from traces.files import umask
-from traces.impl import names_a_file
-from traces.provenance import environment
-from traces.shrink import Divergence, ShrinkResult, Signature, failure_kind, parse_failure
+from traces.repro.determinism import DeterminismReport
+from traces.format.files import umask
+from traces.impl.loader import names_a_file
+from traces.format.provenance import environment
+from traces.repro.shrink import Divergence, ShrinkResult, Signature, failure_kind, parse_failure
 
 TRACE_NAME = "trace.safetensors"
 IMPL_DIR = "impl"

@@ -5,13 +5,13 @@ that carry their tensors by role. Tools that rewrite traces (slicing, shrinking)
 tape and write it back with ``Tape.write`` (which validates).
 
 ``play`` runs a tape's events through any object exposing the kernel API (a module, or a
-``traces.record.Recorder``), starting from the tape's initial buffers, and returns the
+``traces.record.recorder.Recorder``), starting from the tape's initial buffers, and returns the
 buffers after the last event played. With ``patch=True`` every buffer region an event's
 expected results describe is overwritten with them after the event, so the buffers follow
 the recording wherever it recorded something.
 
 ``event_call`` is the one place where an event becomes a kernel call: ``play``, the replay
-(``traces.replay``) and the trace bench (``traces.bench``) all run events through it, the
+(``traces.replay.engine``) and the trace bench (``traces.bench``) all run events through it, the
 last two on an opened trace's buffers (``trace_buffers``). A ``write`` event is applied by
 kda itself (``apply_write``), whatever the implementation.
 """
@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from traces.io import Trace, TraceBuilder
-from traces.schema import NULL_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
+from traces.format.io import Trace, TraceBuilder
+from traces.format.schema import NULL_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Tape:
 
     @classmethod
     def load(cls, trace: Trace) -> "Tape":
-        """Every tensor of an opened trace (``traces.io.read_trace``), loaded on the CPU."""
+        """Every tensor of an opened trace (``traces.format.io.read_trace``), loaded on the CPU."""
         m, tensors = trace.manifest, trace.tensors
         steps = [Step(e.op, tensors(e.inputs), tensors(e.expected), dict(e.attrs)) for e in m.events]
         return cls(m.dims, m.activation_dtype, m.state_dtype, m.lower_bound, tensors(m.params), tensors(m.initial),
@@ -83,7 +83,7 @@ class Tape:
         return b
 
     def write(self, path) -> None:
-        """Validate and write atomically (``traces.io.write_trace``); raises ``TraceError``."""
+        """Validate and write atomically (``traces.format.io.write_trace``); raises ``TraceError``."""
         self.builder().write(path)
 
     def with_steps(self, steps: list[Step], **changes: Any) -> "Tape":

@@ -1,7 +1,7 @@
 """The events of a trace being recorded: buffers, first-seen snapshots, shards (format v1).
 
 ``EventRecorder`` keeps what a trace needs, whatever the calls that feed it (``Recorder``
-maps the kernel API onto it, ``traces.patch.PatchRecorder`` patched modules): the buffers
+maps the kernel API onto it, ``traces.record.patch.PatchRecorder`` patched modules): the buffers
 it binds (the first pool, records, pending counts, plan and parameters seen, by role), the
 first-seen contents of the regions each event touches (state slots and record rows; small
 buffers whole; whole pools with ``snapshot="all"``), the caps, and one pair of shards an
@@ -11,7 +11,7 @@ results). ``close()`` merges the shards into the trace.
 
 Whatever changed a region the trace has described since the last recorded call that
 touched it (the engine's own writes, calls left unrecorded) becomes a ``write`` event just
-before the call that touches it next (``traces.record_watch``), so a replay starts every
+before the call that touches it next (``traces.record.watch``), so a replay starts every
 call from what the recorded call saw.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from traces.record_watch import BufferWatch
-from traces.schema import NULL_ID, OPS, PLAN_FIELDS
-from traces.shards import MergeResult, RecordError, merge_shards, save_shard
-from traces.validate import dtype_name
+from traces.record.watch import BufferWatch
+from traces.format.schema import NULL_ID, OPS, PLAN_FIELDS
+from traces.record.shards import MergeResult, RecordError, merge_shards, save_shard
+from traces.format.validate import dtype_name
 
 SNAPSHOTS = ("touched", "all")
 
@@ -58,7 +58,7 @@ def shards_dir(path: str | os.PathLike) -> Path:
 class EventRecorder:
     """Records calls into ``impl`` as the events of the trace ``path`` (see the module docstring).
 
-    ``impl``: ``kernels`` by default, any spec ``traces.impl.load_impl`` accepts, or a module
+    ``impl``: ``kernels`` by default, any spec ``traces.impl.loader.load_impl`` accepts, or a module
     object. ``ops`` keeps only those ops (note: the buffers then change between kept events
     without a record, so such a trace replays exactly only where nothing skipped touched
     the same slots). ``max_events`` and ``max_bytes`` stop recording once reached (the
@@ -70,7 +70,7 @@ class EventRecorder:
                  max_bytes: int | None = None):
         check_options(snapshot, ops, max_events, max_bytes)
         if isinstance(impl, str):
-            from traces.impl import ImplError, load_impl
+            from traces.impl.loader import ImplError, load_impl
 
             try:
                 self.impl, impl_name = load_impl(impl), impl
@@ -96,14 +96,14 @@ class EventRecorder:
         self._seen_whole: set[str] = set()
         self._max_batch = 1
         self._watch = BufferWatch()
-        from traces.provenance import trace_provenance
+        from traces.format.provenance import trace_provenance
 
         self.provenance: dict[str, Any] = trace_provenance(
             "kda record", command=shlex.join(sys.argv), impl=impl_name, snapshot=snapshot, ops=list(self.ops),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
 
     def closing_provenance(self) -> dict[str, Any]:
-        """Provenance known only once recording ends (none here; see ``traces.patch``)."""
+        """Provenance known only once recording ends (none here; see ``traces.record.patch``)."""
         return {}
 
     def _begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from traces.io import CHECKSUM_KEY, TraceBuilder, crc32, read_header, save_atomic
-from traces.schema import (
+from traces.format.io import CHECKSUM_KEY, TraceBuilder, crc32, read_header, save_atomic
+from traces.format.schema import (
     ACTIVATION_DTYPES, OPS, PLAN_FIELDS, STATE_DTYPES, BufferSizes, Dims, Manifest, TraceError, strict_json,
 )
-from traces.signals import interrupts_held
-from traces.validate import INT32_MAX, TORCH_DTYPES
+from traces.format.signals import interrupts_held
+from traces.format.validate import INT32_MAX, TORCH_DTYPES
 
 SHARD_KEY = "kda-shard"
 CONTEXT_KEYS = ("num_slots", "num_record_rows", "state_dtype", "activation_dtype", "lower_bound")

@@ -2,7 +2,7 @@
 
 ``record_command`` is what ``kda record run`` does. The child gets ``KDA_RECORD`` and the
 recorder options in its environment; with ``patches`` it also gets ``KDA_RECORD_PATCH`` and
-the start-up hook of ``traces.patch``, so an unedited program is recorded. On a machine
+the start-up hook of ``traces.record.patch``, so an unedited program is recorded. On a machine
 without a CUDA device the child's Triton kernels run through the interpreter
 (``TRITON_INTERPRET=1``) unless the environment already says otherwise.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from traces.impl import names_a_file
-from traces.record import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
-from traces.record_events import check_options
+from traces.impl.loader import names_a_file
+from traces.record.recorder import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
+from traces.record.events import check_options
 
 
 class RecordRunError(Exception):
@@ -41,7 +41,7 @@ def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max
               max_mb: float | None = None, snapshot: str = "touched", patches: Sequence[str] = (),
               layer: int = 0, base: dict[str, str] | None = None) -> tuple[dict[str, str], bool]:
     """The child's environment, and whether it chose the Triton interpreter."""
-    from traces.patch import BOOT_DIR, ENV_LAYER, ENV_PATCH
+    from traces.record.patch import BOOT_DIR, ENV_LAYER, ENV_PATCH
 
     env = dict(os.environ if base is None else base)
     env.update({ENV_PATH: str(Path(out).resolve()), "KDA_RECORD_SNAPSHOT": snapshot})
@@ -50,7 +50,7 @@ def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max
         if value is not None:
             env[var] = str(value)
     if patches:
-        root = str(BOOT_DIR.parent.parent)  # where ``traces`` and ``kernels`` are importable from
+        root = str(BOOT_DIR.parents[2])  # where ``traces`` and ``kernels`` are importable from
         env.update({ENV_PATCH: ",".join(patches), ENV_LAYER: str(layer),
                     "PYTHONPATH": os.pathsep.join(p for p in (str(BOOT_DIR), root, env.get("PYTHONPATH")) if p)})
     interpreter = False
@@ -96,8 +96,8 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         return RecordedRun(result, code, True, interpreter)
     if _identity(out) in (None, before):  # nothing written, or only the file that was there before
         return RecordedRun(None, code, False, interpreter)
-    from traces.io import read_trace
-    from traces.schema import TraceError
+    from traces.format.io import read_trace
+    from traces.format.schema import TraceError
 
     try:
         with read_trace(out) as trace:

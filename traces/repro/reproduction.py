@@ -1,7 +1,7 @@
 """Reproduction as a library: a failing trace turned into a small bug-report bundle.
 
 ``reproduce`` loads the trace, optionally checks determinism, shrinks the trace while it
-fails the same way (``traces.shrink``) and writes the bundle (``traces.bundle``), which is
+fails the same way (``traces.repro.shrink``) and writes the bundle (``traces.repro.bundle``), which is
 checked in a fresh process first. ``kda repro`` only parses its options and renders the
 ``Reproduction`` this returns.
 """
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from traces.bundle import BundleError, Recheck, write_bundle
-from traces.determinism import DeterminismReport, check_determinism
-from traces.impl import load_impl
-from traces.io import read_trace
-from traces.schema import TraceError
-from traces.shrink import ShrinkResult, shrink
-from traces.tape import Tape
+from traces.repro.bundle import BundleError, Recheck, write_bundle
+from traces.repro.determinism import DeterminismReport, check_determinism
+from traces.impl.loader import load_impl
+from traces.format.io import read_trace
+from traces.format.schema import TraceError
+from traces.repro.shrink import ShrinkResult, shrink
+from traces.format.tape import Tape
 
 
 @dataclass
@@ -58,7 +58,7 @@ def reproduce(trace: str | Path, out: str | Path, *, impl: str = "triton", oracl
               device: str = "cpu", tolerances: dict | None = None, replay_args: list[str] | None = None,
               determinism: int = 0, max_checks: int = 400,
               progress: Callable[[str], None] | None = None) -> Reproduction:
-    """Shrink the failing ``trace`` through ``impl`` (a ``traces.impl.load_impl`` spec) and
+    """Shrink the failing ``trace`` through ``impl`` (a ``traces.impl.loader.load_impl`` spec) and
     write the bundle to ``out`` (a folder that must not exist, or be empty).
 
     ``progress`` gets one line per stage and per shrinking step kept; ``oracle`` regenerates

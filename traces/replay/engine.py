@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 
-from traces.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
-from traces.io import Trace
-from traces.schema import BUFFERS, PLAN_FIELDS, Event, TraceError
-from traces.surface import op_routes
-from traces.tape import event_call, trace_buffers
+from traces.replay.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
+from traces.format.io import Trace
+from traces.format.schema import BUFFERS, PLAN_FIELDS, Event, TraceError
+from traces.impl.surface import op_routes
+from traces.format.tape import event_call, trace_buffers
 
 EXACT_ROLES = ("records.key_gate",)
 """Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""
@@ -56,7 +56,7 @@ class ReplayReport:
     stopped_early: bool = False
     event_range: tuple[int, int] = (0, 0)
     routes: dict[str, str] = field(default_factory=dict)
-    """Op -> the implementation it ran through (``traces.surface.op_routes``)."""
+    """Op -> the implementation it ran through (``traces.impl.surface.op_routes``)."""
 
     @property
     def comparisons(self) -> list[Comparison]:
@@ -110,7 +110,7 @@ class ReplayInterrupted(KeyboardInterrupt):
 def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
            tolerances: dict[str, Tolerance] | None = None, events: tuple[int, int] | None = None,
            stop_at_first: bool = False, progress: Callable[[int, int], None] | None = None) -> ReplayReport:
-    """Replay ``trace`` through ``impl`` (a module from ``traces.impl.load_impl``) on ``device``.
+    """Replay ``trace`` through ``impl`` (a module from ``traces.impl.loader.load_impl``) on ``device``.
 
     ``events=(a, b)`` compares events ``a..b-1`` only; events before ``a`` still run, to
     build the buffers. The final buffers are compared when the replay reaches the last

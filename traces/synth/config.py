@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.schema import Dims
+from traces.format.schema import Dims
 
 MODES = ("stock", "deferred", "mixed")
 KEEP_EXPECTED = ("all", "outputs", "none")

@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
-from traces.record import PLAN_FIELDS, Recorder, RecordError, capturing, written_slots
+from traces.record.recorder import PLAN_FIELDS, Recorder, RecordError, capturing, written_slots
 
 ENV_PATCH = "KDA_RECORD_PATCH"
 ENV_LAYER = "KDA_RECORD_LAYER"
-BOOT_DIR = Path(__file__).with_name("record_boot")
+BOOT_DIR = Path(__file__).with_name("boot")
 """Holds the ``sitecustomize`` that calls ``install_from_env`` in a child process."""
 
 FUNCTIONS = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
@@ -327,8 +327,8 @@ def parse_names(value: str) -> list[str]:
 
 def install_from_env() -> PatchRecorder | None:
     """In a process started with ``KDA_RECORD`` and ``KDA_RECORD_PATCH`` set: one recorder for
-    the process (also what ``traces.record.api()`` returns), merged at exit."""
-    import traces.record as record
+    the process (also what ``traces.record.recorder.api()`` returns), merged at exit."""
+    import traces.record.recorder as record
 
     path, names = os.environ.get(record.ENV_PATH), parse_names(os.environ.get(ENV_PATCH, ""))
     if not path or not names:

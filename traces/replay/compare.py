@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from traces.tolerances import DEFAULT_TOLERANCES, EXACT, Tolerance  # noqa: F401  (re-exported)
+from traces.replay.tolerances import DEFAULT_TOLERANCES, EXACT, Tolerance  # noqa: F401  (re-exported)
 
 REL_EPS = 1e-6
 """Added to ``|b|`` in max rel, so that exact zeros do not divide by zero."""

@@ -2,7 +2,7 @@
 
 A logic bug fails the same way every time; a race moves. Each run plays the trace's
 events through the implementation from the same initial buffers under a
-``traces.record.Recorder``, and every result it records is compared bitwise with the
+``traces.record.recorder.Recorder``, and every result it records is compared bitwise with the
 first run's. A run that raises is compared up to where it raised, and the error message
 is compared too.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from traces.io import read_trace
-from traces.record import record_play
-from traces.tape import Tape, initial_buffers
+from traces.format.io import read_trace
+from traces.record.recorder import record_play
+from traces.format.tape import Tape, initial_buffers
 
 
 @dataclass

@@ -4,7 +4,7 @@ renumbering of state slots and record rows that keeps only those still named.
 Every function takes a ``Tape`` and returns a new one; inputs and initial buffers are
 rewritten consistently so that the result is a valid trace. Except ``cut_events``, they
 drop the expected results (the rows, heads and windows they describe no longer exist):
-the caller regenerates them (``traces.shrink``).
+the caller regenerates them (``traces.repro.shrink``).
 
 Rows of a plan are positional: a plan or flush writes plan rows ``0..B-1`` and the defer and
 commit events after it read them by batch row. Such a run of events is one *row space*;
@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from traces.schema import NULL_ID, PLAN_FIELDS
-from traces.tape import Step, Tape, rebased
+from traces.format.schema import NULL_ID, PLAN_FIELDS
+from traces.format.tape import Step, Tape, rebased
 
 _SLOT_INPUTS = ("state_indices", "block_table", "slots")
 _ROW_INPUTS = ("record_indices", "record_rows", "rows")
@@ -32,7 +32,7 @@ _ACTIVATIONS = ("q", "k", "v", "raw_g", "raw_beta")
 def cut_events(tape: Tape, start: int, stop: int, oracle, device: str = "cpu",
                progress: Callable[[int, int], None] | None = None) -> Tape:
     """Events ``start..stop-1`` with their recorded expected results; the initial buffers
-    are the state before ``start`` (``traces.tape.rebased``; ``progress(done, start)``
+    are the state before ``start`` (``traces.format.tape.rebased``; ``progress(done, start)``
     follows each event run to build them). The final buffers are kept only when ``stop``
     is the end."""
     n = len(tape.steps)
