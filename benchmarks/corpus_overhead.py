@@ -5,8 +5,8 @@ usage: python3 benchmarks/corpus_overhead.py [--traces 50] [--impl triton] [--fo
 Builds a corpus of small K3-shaped traces (k3-tp8: H=12, K=V=128, T=8; 4 requests, at most 3
 decode steps each; 5 synthesised, copied up to ``--traces``) in ``--folder`` (a temporary
 folder by default), replays every trace once to warm Triton's cache, then times the same
-replays (``traces.corpus.replay_one``) in a loop in this process and through
-``traces.corpus_pool.run_pool`` with one worker. Prints the median replay time of a trace,
+replays (``traces.corpus.run.replay_one``) in a loop in this process and through
+``traces.corpus.pool.run_pool`` with one worker. Prints the median replay time of a trace,
 both wall times, the worker's start-up (spawn, imports, CUDA context: once a run) and the
 pool's overhead per trace with and without it, as a share of a trace's replay time. Exit
 status 0 when every replay passed both ways. On a machine without CUDA it runs through the
@@ -32,8 +32,8 @@ DISTINCT = 5
 
 
 def build_corpus(folder: Path, count: int) -> list[Path]:
-    from traces.synth import synthesize
-    from traces.synth_config import SynthConfig
+    from traces.synth.simulation import synthesize
+    from traces.synth.config import SynthConfig
 
     sources = []
     for seed in range(min(DISTINCT, count)):
@@ -52,8 +52,8 @@ def main() -> int:
     parser.add_argument("--folder", type=Path, default=None)
     args = parser.parse_args()
     device = select_device()
-    from traces.corpus import ReplaySettings, replay_one
-    from traces.corpus_pool import run_pool
+    from traces.corpus.run import ReplaySettings, replay_one
+    from traces.corpus.pool import run_pool
 
     with tempfile.TemporaryDirectory(prefix="kda-corpus-") as scratch:
         folder = args.folder or Path(scratch)

@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from traces.bench import (  # noqa: E402
     DEFAULT_TOUCH_BYTES, PRESETS, CudaTimer, Shape, Workload, choose_sets, set_bytes, warm_and_capture,
 )
-from traces.impl import load_impl  # noqa: E402
+from traces.impl.loader import load_impl  # noqa: E402
 
 REPLAYS = 6
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from traces.bench import PRESETS, Workload  # noqa: E402
-from traces.impl import load_impl  # noqa: E402
+from traces.impl.loader import load_impl  # noqa: E402
 
 
 def main() -> int:

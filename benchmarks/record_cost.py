@@ -41,8 +41,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     import kernels
-    from traces.record import record_trace
-    from traces.record_watch import fingerprint
+    from traces.record.recorder import record_trace
+    from traces.record.watch import fingerprint
 
     dev = "cuda"
     rows = []

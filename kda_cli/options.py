@@ -25,9 +25,9 @@ def check_format(format: str) -> None:
 def parse_tolerances(atol: Iterable[str], rtol: Iterable[str]) -> dict:
     """``--atol``/``--rtol`` values ``DTYPE=X`` or ``X`` (every float dtype) -> per-dtype
     ``Tolerance``, the defaults where not overridden. ``DTYPE`` is a full or a short name
-    (``bfloat16`` or ``bf16``: ``traces.dtype_names``)."""
-    from traces.dtype_names import dtype_name, spelled
-    from traces.tolerances import DEFAULT_TOLERANCES, Tolerance
+    (``bfloat16`` or ``bf16``: ``traces.format.dtype_names``)."""
+    from traces.format.dtype_names import dtype_name, spelled
+    from traces.replay.tolerances import DEFAULT_TOLERANCES, Tolerance
 
     table = dict(DEFAULT_TOLERANCES)
     for option, values in (("atol", atol), ("rtol", rtol)):

@@ -100,8 +100,8 @@ def _check_forced_designs() -> None:
 def bad_input(prefix: str = "") -> Iterator[None]:
     """A trace that breaks the format (``TraceError``) or an implementation that cannot be
     loaded (``ImplError``) inside the block is bad input: one ``Error:`` line, exit 2."""
-    from traces.impl import ImplError
-    from traces.schema import TraceError
+    from traces.impl.loader import ImplError
+    from traces.format.schema import TraceError
 
     try:
         yield

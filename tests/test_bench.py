@@ -227,8 +227,8 @@ def test_trace_event_bytes_by_hand():
 
 
 def test_interpreter_smoke_trace_times_every_event(tmp_path, device):
-    from traces.io import read_trace
-    from traces.synth import SynthConfig, synthesize
+    from traces.format.io import read_trace
+    from traces.synth.simulation import SynthConfig, synthesize
 
     path = tmp_path / "tiny.safetensors"
     synthesize(SynthConfig(preset="tiny", requests=3, seed=1, max_batch=2, max_decode_steps=2, steps=3)).write(path)

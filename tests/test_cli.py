@@ -234,7 +234,7 @@ def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp
 def test_force_overwrites_and_repro_replaces_only_a_bundle(tmp_path, capsys, monkeypatch):
     from kda_cli.options import output_folder
     from kda_cli.runtime import CommandError
-    from traces.bundle import is_bundle
+    from traces.repro.bundle import is_bundle
 
     out = tmp_path / "t.safetensors"
     out.write_text("an earlier result")
@@ -282,7 +282,7 @@ def test_an_interpreter_replay_says_how_long_before_it_starts_and_what_is_left(t
                         r"2-core CPU, by the trace's sizes; --impl reference replays it in seconds \(it checks the "
                         r"trace, not the Triton kernels\)\n", first), first
     from tests.trace_helpers import TINY, make_trace
-    from traces.synth import SynthConfig
+    from traces.synth.simulation import SynthConfig
 
     tiny = make_trace(tmp_path / "t.safetensors", SynthConfig(**{**TINY.__dict__, "requests": 2}))
     done = _kda("replay", str(tiny), "--format", "json", env={"CUDA_VISIBLE_DEVICES": ""})
@@ -297,8 +297,8 @@ def test_an_interpreter_replay_says_how_long_before_it_starts_and_what_is_left(t
 
 def test_event_costs_follow_rows_heads_and_the_state_tile(tmp_path):
     from tests.trace_helpers import make_trace
-    from traces.io import read_trace
-    from traces.replay_cost import SMALL_OP_UNITS, TILE_OVERHEAD, event_units
+    from traces.format.io import read_trace
+    from traces.replay.cost import SMALL_OP_UNITS, TILE_OVERHEAD, event_units
 
     with read_trace(make_trace(tmp_path / "t.safetensors")) as trace:
         units = event_units(trace)
@@ -340,9 +340,9 @@ def test_replay_explains_ops_without_recorded_results(capsys):
     """The sample's commits carry no expected results: the per-op row says 0 tensors, and a
     line says why instead of leaving ``commit 4 0 0 n/a`` unexplained."""
     from kda_cli.commands.replay import _render
-    from traces.compare import DEFAULT_TOLERANCES
-    from traces.replay import EventReport, ReplayReport
-    from traces.schema import BufferSizes, Dims, Manifest
+    from traces.replay.compare import DEFAULT_TOLERANCES
+    from traces.replay.engine import EventReport, ReplayReport
+    from traces.format.schema import BufferSizes, Dims, Manifest
 
     report = ReplayReport("t.safetensors", "reference", "cpu", dict(DEFAULT_TOLERANCES), event_range=(0, 4),
                           events=[EventReport(i, "commit", [], None) for i in range(4)])

@@ -19,9 +19,9 @@ import pytest
 
 from kda_cli.runtime import cuda_available
 from tests.trace_helpers import TINY, first_event, make_trace, rewrite, run_kda
-from traces.corpus import device_label
-from traces.corpus_pool import worker_devices
-from traces.synth_config import SynthConfig
+from traces.corpus.run import device_label
+from traces.corpus.pool import worker_devices
+from traces.synth.config import SynthConfig
 
 REPO = Path(__file__).resolve().parent.parent
 CRASHING = REPO / "tests" / "broken_impls" / "exits_on_nine_slots.py"
@@ -164,7 +164,7 @@ def test_bad_corpus_arguments_are_one_error_line(corpus, tmp_path, capsys, monke
 
 
 def test_a_file_named_twice_runs_once(corpus):
-    from traces.corpus import find_traces
+    from traces.corpus.run import find_traces
 
     one = corpus / "pass-00.safetensors"
     assert find_traces([one, corpus])[0] == one and len(find_traces([one, corpus])) == 20
@@ -217,8 +217,8 @@ def test_ctrl_c_stops_every_worker_and_prints_the_partial_summary(corpus, tmp_pa
 
 
 def test_repro_adds_a_trace_to_the_corpus_once(corpus, tmp_path):
-    from traces.repro import add_to_corpus
-    from traces.shrink import Signature
+    from traces.repro.reproduction import add_to_corpus
+    from traces.repro.shrink import Signature
 
     trace = corpus / "mismatch.safetensors"
     signature = Signature("verify", "out", "mismatch")
@@ -232,8 +232,8 @@ def test_repro_adds_a_trace_to_the_corpus_once(corpus, tmp_path):
 
 
 def test_junit_holds_names_and_messages_xml_cannot(tmp_path):
-    from traces.corpus import CorpusRun, TraceResult
-    from traces.junit import write_junit
+    from traces.corpus.run import CorpusRun, TraceResult
+    from traces.corpus.junit import write_junit
 
     name = "corpus/esc\x1b[31m\u2028.safetensors"
     run = CorpusRun([name, "corpus/later.safetensors"], 1, "cpu", interrupted=True,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from examples.serve_engine import LOWER_BOUND
-from traces.io import read_trace
+from traces.format.io import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = str(REPO / "examples" / "serve_engine.py")

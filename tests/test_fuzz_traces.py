@@ -32,8 +32,8 @@ from safetensors.torch import save_file
 
 import kernels.reference as ref
 from tests.trace_helpers import INT32_MAX, load_raw, record_align_trace, run_kda
-from traces.io import CHECKSUM_KEY, file_metadata
-from traces.synth import SynthConfig, synthesize
+from traces.format.io import CHECKSUM_KEY, file_metadata
+from traces.synth.simulation import SynthConfig, synthesize
 
 SEED = 20261202
 CASE_SECONDS = 20
@@ -428,7 +428,7 @@ def test_generated_damaged_shards_merge_up_to_the_damage(seed, tmp_path, capsys,
     """A byte flipped anywhere but the header's padding in a random shard: the merge keeps
     the events before that shard's event and names the shard."""
     from tests.decode_loop import decode_loop
-    from traces.record import Recorder
+    from traces.record.recorder import Recorder
 
     rng = random.Random(f"shards/{seed}")
     rec = Recorder(tmp_path / "loop.safetensors", "reference")

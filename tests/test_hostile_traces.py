@@ -22,9 +22,9 @@ import kernels
 import kernels.reference as ref
 from kernels import CommitPlan
 from tests.trace_helpers import INT32_MAX, load_raw, make_trace, record_align_trace, run_kda
-from traces.io import CHECKSUM_KEY, file_metadata
-from traces.schema import BUFFERS, INPUTS, PARAMS, BufferSizes, Dims, Event, Manifest, TraceError
-from traces.validate import TensorMeta, validate_trace
+from traces.format.io import CHECKSUM_KEY, file_metadata
+from traces.format.schema import BUFFERS, INPUTS, PARAMS, BufferSizes, Dims, Event, Manifest, TraceError
+from traces.format.validate import TensorMeta, validate_trace
 
 calls: list[str] = []
 

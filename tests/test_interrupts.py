@@ -76,13 +76,13 @@ def test_writers_leave_nothing_behind(args, started, sig, tmp_path):
 
 def test_an_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     """Stopped inside the write itself: the half-written temporary file goes too."""
-    import traces.io
+    import traces.format.io
 
     def half_then_stop(tensors, path, metadata=None):
         Path(path).write_bytes(b"half a file")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(traces.io, "save_file", half_then_stop)
+    monkeypatch.setattr(traces.format.io, "save_file", half_then_stop)
     with pytest.raises(KeyboardInterrupt):
         make_trace(tmp_path / "t.safetensors")
     assert list(tmp_path.iterdir()) == []
@@ -90,7 +90,7 @@ def test_an_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 
 def test_an_interrupted_bundle_leaves_no_temporary_folder(tmp_path, capsys, monkeypatch):
     """Stopped during the fresh-process check, with the bundle half assembled beside ``--out``."""
-    import traces.bundle
+    import traces.repro.bundle
     from tests.trace_helpers import run_kda
 
     def stop(*args, **kwargs):
@@ -98,7 +98,7 @@ def test_an_interrupted_bundle_leaves_no_temporary_folder(tmp_path, capsys, monk
 
     trace = make_trace(tmp_path / "t.safetensors")
     (tmp_path / "out").mkdir()
-    monkeypatch.setattr(traces.bundle, "_recheck", stop)
+    monkeypatch.setattr(traces.repro.bundle, "_recheck", stop)
     code, out, err = run_kda(["repro", str(trace), "--out", str(tmp_path / "out" / "bug"), "--impl",
                               str(BROKEN / "flush_consumes_pending.py")], capsys, monkeypatch)
     assert code == 130 and out == ""

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import traces.record as record
+import traces.record.recorder as record
 from tests.decode_loop import decode_loop
 from tests.trace_helpers import run_kda
-from traces.io import read_trace
-from traces.record import RecordError, Recorder, record_trace, shards_dir
-from traces.tape import Tape
+from traces.format.io import read_trace
+from traces.record.recorder import RecordError, Recorder, record_trace, shards_dir
+from traces.format.tape import Tape
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.trace_helpers import run_kda
-from traces.io import read_trace
-from traces.patch import BOOT_DIR
-from traces.record import CAPTURED_NOTE, record_trace
+from traces.format.io import read_trace
+from traces.record.patch import BOOT_DIR
+from traces.record.recorder import CAPTURED_NOTE, record_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(REPO / "tests" / "engine_script.py")
@@ -136,7 +136,7 @@ def test_a_trace_left_by_an_earlier_run_is_not_reported_as_recorded(tmp_path, ca
 def test_calls_during_a_capture_are_forwarded_whole_and_counted(tmp_path, capsys, monkeypatch):
     """With the stream capturing (forced here; the GPU test below captures for real) nothing is
     recorded, fused calls reach the implementation fused, and one stderr line says why."""
-    import traces.record as record
+    import traces.record.recorder as record
     from tests.decode_loop import decode_loop
 
     monkeypatch.setattr(record, "capturing", lambda: True)
@@ -219,7 +219,7 @@ def _fused_engine(recorder=None):
     import types
 
     import kernels.reference as ref
-    from traces.patch import patch_module
+    from traces.record.patch import patch_module
 
     module = types.ModuleType("fused_engine")
     for name in ("allocate_records", "CommitPlan", "kda_recoverssm_verify", "kda_recoverssm_flush_verify",
@@ -241,7 +241,7 @@ def test_a_fused_call_without_its_parts_ends_the_recording_and_runs(tmp_path):
     """The fused flush-verify of a module without ``kda_recoverssm_flush`` cannot be recorded
     as its parts: it runs as it would unrecorded, and the recording ends before it, saying why."""
     from tests.decode_loop import decode_loop
-    from traces.patch import PatchRecorder
+    from traces.record.patch import PatchRecorder
 
     plain, plain_pool = _fused_engine()
     decode_loop(plain, "deferred", steps=2, fused=True)
@@ -254,7 +254,7 @@ def test_a_fused_call_without_its_parts_ends_the_recording_and_runs(tmp_path):
 
 
 def test_a_raw_kernel_on_a_grid_that_is_not_one_program_a_row_ends_the_recording(tmp_path):
-    from traces.patch import PatchRecorder
+    from traces.record.patch import PatchRecorder
 
     recorder = PatchRecorder(tmp_path / "t.safetensors", ["engine"])
     launched = []

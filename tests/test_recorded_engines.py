@@ -11,9 +11,9 @@ import torch
 from tests.random_engine import run_engine
 from tests.seeds import fresh_seed
 from tests.trace_helpers import run_kda
-from traces.io import read_trace
-from traces.record import record_trace
-from traces.record_watch import fingerprint
+from traces.format.io import read_trace
+from traces.record.recorder import record_trace
+from traces.record.watch import fingerprint
 
 FILTERS = (None, ["verify", "commit"], ["commit", "flush"], ["verify", "plan", "defer"], ["flush"])
 

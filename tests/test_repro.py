@@ -16,8 +16,8 @@ import torch
 
 from tests.decode_loop import decode_loop
 from tests.trace_helpers import run_kda
-from traces.io import read_trace
-from traces.record import record_trace
+from traces.format.io import read_trace
+from traces.record.recorder import record_trace
 
 BROKEN = Path(__file__).resolve().parent / "broken_impls"
 
@@ -196,9 +196,9 @@ def test_slice_cuts_events_and_replays_exactly(recorded, tmp_path, capsys, monke
 
 def test_renumbering_and_dropping_a_request_leave_the_other_rows_alone(recorded, tmp_path):
     import kernels.reference
-    from traces.shrink import regenerate
-    from traces.slice import compact, drop_request
-    from traces.tape import Tape
+    from traces.repro.shrink import regenerate
+    from traces.repro.slice import compact, drop_request
+    from traces.format.tape import Tape
 
     with read_trace(recorded["deferred"]) as trace:
         tape = Tape.load(trace)
@@ -254,7 +254,7 @@ def test_a_failure_only_the_final_buffers_show_is_shrunk(tmp_path, capsys, monke
     """Records written past a row's window: no event compares them, the final buffers do.
     Candidates get the oracle's final buffers too, so the trace shrinks and the bundle fails
     the same way in a fresh process."""
-    from traces.synth import SynthConfig, synthesize
+    from traces.synth.simulation import SynthConfig, synthesize
 
     trace = tmp_path / "synth.safetensors"
     synthesize(SynthConfig(mode="stock", requests=6, max_batch=4, seed=1)).write(trace)

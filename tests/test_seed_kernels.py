@@ -13,7 +13,7 @@ from kernels import NULL_BLOCK_ID, CommitPlan
 from tests import seed_surface as seed
 from tests.seeds import fresh_seed
 from tests.trace_helpers import make_trace, run_kda
-from traces.synth_config import SynthConfig
+from traces.synth.config import SynthConfig
 
 SENTINEL = -7
 PLAN_COLUMNS = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")

@@ -13,9 +13,9 @@ import torch
 
 from tests.decode_loop import decode_loop
 from tests.trace_helpers import run_kda
-from traces.io import read_trace
-from traces.record import Recorder
-from traces.shards import load_shard, save_shard
+from traces.format.io import read_trace
+from traces.record.recorder import Recorder
+from traces.record.shards import load_shard, save_shard
 
 EVENTS = 16  # flush, then verify, plan, defer, commit, flush three times
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from tests.trace_helpers import TINY, load_raw, make_trace
-from traces.io import TraceBuilder, read_trace, write_trace
-from traces.schema import BUFFERS, FORMAT_NAME, FORMAT_VERSION, Manifest, TraceError
-from traces.synth import SynthConfig, synthesize
+from traces.format.io import TraceBuilder, read_trace, write_trace
+from traces.format.schema import BUFFERS, FORMAT_NAME, FORMAT_VERSION, Manifest, TraceError
+from traces.synth.simulation import SynthConfig, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_a_held_signal_is_taken_as_the_handler_before_would_take_it(sent, setup,
     """In a library, holding a stop signal changes when it is taken, not how."""
     script = f"""
 import os, signal, time
-from traces.signals import interrupts_held
+from traces.format.signals import interrupts_held
 {setup}
 try:
     with interrupts_held():

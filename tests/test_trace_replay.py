@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 
 from tests.trace_helpers import TINY, first_event, load_raw, make_trace, rewrite, run_kda
-from traces.compare import DEFAULT_TOLERANCES, Tolerance, bf16_ulp_distance, compare
-from traces.io import CHECKSUM_KEY
-from traces.synth import SynthConfig, synthesize
+from traces.replay.compare import DEFAULT_TOLERANCES, Tolerance, bf16_ulp_distance, compare
+from traces.format.io import CHECKSUM_KEY
+from traces.synth.simulation import SynthConfig, synthesize
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.trace_helpers import load_raw, make_trace, rewrite, run_kda
-from traces.io import read_trace
-from traces.schema import METADATA_KEY, TraceError
+from traces.format.io import read_trace
+from traces.format.schema import METADATA_KEY, TraceError
 
 
 @pytest.fixture(scope="module")

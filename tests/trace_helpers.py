@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from traces.schema import METADATA_KEY
-from traces.synth import SynthConfig, synthesize
+from traces.format.schema import METADATA_KEY
+from traces.synth.simulation import SynthConfig, synthesize
 
 TINY = SynthConfig(preset="tiny", mode="mixed", requests=5, seed=3, max_batch=4, max_decode_steps=3)
 
@@ -28,7 +28,7 @@ INT32_MAX = 2**31 - 1
 def record_align_trace(path: Path) -> Path:
     """A recorded align-mode decode loop (plan events with a block table), through the reference."""
     from tests.decode_loop import decode_loop
-    from traces.record import record_trace
+    from traces.record.recorder import record_trace
 
     with record_trace(path, "reference") as api:
         decode_loop(api, "align", steps=2)

@@ -1,2 +1,4 @@
-"""Trace format v1 and the engines built on it: reading, writing, synthesis, recording,
-replay and benchmarking, as a library."""
+"""Trace format v1 and the engines built on it, as a library, one sub-package a stage:
+``format`` (the trace and its files), ``impl`` (loading an implementation), ``record``,
+``replay``, ``corpus`` (many traces at once), ``synth``, ``repro`` and ``bench``. A stage imports only the stages before it
+(``tests/test_layout.py`` checks it)."""

@@ -188,7 +188,7 @@ def bench(
     # Ctrl-C and SIGTERM stop the engine, which keeps the rows finished
     with bad_input(), implementation_prints(format):
         if trace is not None:
-            from traces.io import read_trace
+            from traces.format.io import read_trace
 
             with bad_input("--trace: "):
                 opened = read_trace(trace)

@@ -16,7 +16,7 @@ from kda_cli.sample import trace_path
 
 def trace_summary(trace) -> dict:
     """The manifest's facts and counts, as plain JSON types."""
-    from traces.schema import FORMAT_NAME, FORMAT_VERSION
+    from traces.format.schema import FORMAT_NAME, FORMAT_VERSION
 
     m = trace.manifest
     per_op = Counter(e.op for e in m.events)
@@ -41,7 +41,7 @@ def info(
 ) -> None:
     """Summarise a trace: shapes, dtypes, buffer sizes, events per op, provenance."""
     check_format(format)
-    from traces.io import read_trace
+    from traces.format.io import read_trace
 
     with bad_input(), trace_path(trace) as path, read_trace(path) as opened:
         s = trace_summary(opened)

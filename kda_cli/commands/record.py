@@ -1,5 +1,5 @@
 """``kda record``: record a command's kernel calls, or merge the shards a crash left;
-parsing and rendering only (engine: ``traces.record``)."""
+parsing and rendering only (engine: ``traces.record.recorder``)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def merge(
     if not shards.is_dir():
         raise CommandError(f"{shards}: {'is not a folder' if shards.exists() else 'no such folder'}")
     output_file(out, "OUT", force=force)
-    from traces.record import RecordError, merge_shards
+    from traces.record.recorder import RecordError, merge_shards
 
     try:
         result = merge_shards(shards, out)
@@ -78,7 +78,7 @@ def run(
 ) -> None:
     """Run a command (after --) with KDA_RECORD=OUT set, and merge what a crash left.
 
-    A program that takes the kernel API from traces.record.api() is recorded; with --patch,
+    A program that takes the kernel API from traces.record.recorder.api() is recorded; with --patch,
     an unedited program that imports the named modules is. Without a CUDA device the
     command's Triton kernels run through the interpreter.
     """
@@ -91,9 +91,9 @@ def run(
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
     output_file(out, "OUT", force=force)
-    from traces.exit_status import how_it_ended
-    from traces.record import RecordError, shards_dir
-    from traces.record_run import RecordRunError, record_command
+    from traces.format.exit_status import how_it_ended
+    from traces.record.recorder import RecordError, shards_dir
+    from traces.record.run import RecordRunError, record_command
 
     patches = list(parse_names(patch))
     try:
@@ -115,5 +115,5 @@ def run(
         raise CommandError(f"the command {how_it_ended(code)}", EXIT_RUNTIME)
     if run.result is None:
         hint = f"was {', '.join(patches)} imported?" if patches else \
-            "does the program take the kernel API from traces.record.api(), or name its module with --patch?"
+            "does the program take the kernel API from traces.record.recorder.api(), or name its module with --patch?"
         raise CommandError(f"nothing was recorded: {hint}", EXIT_RUNTIME)

@@ -1,6 +1,6 @@
 """``kda replay``: replay a trace through an implementation; parsing and rendering only.
 
-The engine is ``traces.replay``; comparisons are ``traces.compare``.
+The engine is ``traces.replay.engine``; comparisons are ``traces.replay.compare``.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ def replay(
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported
 
-    from traces.impl import load_impl
-    from traces.io import read_trace
-    from traces.replay import ReplayFailure, ReplayInterrupted, replay as run_replay
-    from traces.replay_cost import event_units
+    from traces.impl.loader import load_impl
+    from traces.format.io import read_trace
+    from traces.replay.engine import ReplayFailure, ReplayInterrupted, replay as run_replay
+    from traces.replay.cost import event_units
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
@@ -104,7 +104,7 @@ def replay(
 
 def _interpreter_estimate(units: list[float], impl: str) -> str:
     """Before an interpreter run: how long it may take, and the faster way where it fits."""
-    from traces.replay_cost import rough_seconds
+    from traces.replay.cost import rough_seconds
 
     seconds = rough_seconds(sum(units))
     hint = "; --impl reference replays it in seconds (it checks the trace, not the Triton kernels)" \

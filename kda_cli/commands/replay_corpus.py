@@ -1,7 +1,7 @@
 """``kda replay`` of several traces or a folder (a corpus); parsing and rendering only.
 
-The runners are ``traces.corpus_pool`` (worker processes on this host) and
-``traces.corpus_ray`` (tasks on a Ray cluster); the JUnit report is ``traces.junit``.
+The runners are ``traces.corpus.pool`` (worker processes on this host) and
+``traces.corpus.ray_tasks`` (tasks on a Ray cluster); the JUnit report is ``traces.corpus.junit``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kda_cli.runtime import CommandError, bad_input, interrupted, select_device
 
 MARKS = {"passed": "[green]PASS[/]", "mismatch": "[red]FAIL[/]", "raised": "[red]RAISED[/]",
          "crashed": "[red]CRASHED[/]", "refused": "[yellow]REFUSED[/]"}
-"""How a trace's line starts, by outcome (``traces.corpus.OUTCOME_CODES``)."""
+"""How a trace's line starts, by outcome (``traces.corpus.run.OUTCOME_CODES``)."""
 
 
 def replay_corpus(paths: list[Path], *, impl: str, format: str, stop_at_first: bool, tolerances: dict,
@@ -34,8 +34,8 @@ def replay_corpus(paths: list[Path], *, impl: str, format: str, stop_at_first: b
         raise CommandError("--ray-ship ships traces to Ray tasks; it needs --ray")
     if junit_xml is not None:
         output_file(junit_xml, "--junit-xml", inputs=paths)
-    from traces.corpus import CorpusError, ReplaySettings, find_traces
-    from traces.junit import write_junit
+    from traces.corpus.run import CorpusError, ReplaySettings, find_traces
+    from traces.corpus.junit import write_junit
 
     console = make_console(stderr=format == "json", pipe_width=PIPE_WIDTH)
     settings = ReplaySettings(impl, tolerances, stop_at_first)
@@ -46,13 +46,13 @@ def replay_corpus(paths: list[Path], *, impl: str, format: str, stop_at_first: b
     try:
         traces = find_traces(paths)
         if ray:
-            from traces.corpus_ray import run_ray
+            from traces.corpus.ray_tasks import run_ray
 
             run = run_ray(traces, settings, address=ray, ship=ship, workers=workers, on_result=show)
         else:
             device = select_device()
-            from traces.corpus_pool import run_pool
-            from traces.impl import load_impl
+            from traces.corpus.pool import run_pool
+            from traces.impl.loader import load_impl
 
             with bad_input(), implementation_prints(format):
                 load_impl(impl)  # a bad --impl is refused once, before any worker starts
@@ -80,7 +80,7 @@ def _render(run) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from traces.corpus import FAILED
+    from traces.corpus.run import FAILED
 
     console = make_console(pipe_width=PIPE_WIDTH)
     counts = run.counts()

@@ -1,6 +1,6 @@
 """``kda repro``: shrink a failing trace into a bug-report bundle; parsing and rendering only.
 
-The workflow is ``traces.repro.reproduce``.
+The workflow is ``traces.repro.reproduction.reproduce``.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def repro(
         raise CommandError(f"--corpus {corpus}: exists and is not a folder", EXIT_BAD_INPUT)
     device = select_device()
 
-    from traces.bundle import BundleError
-    from traces.repro import reproduce
+    from traces.repro.bundle import BundleError
+    from traces.repro.reproduction import reproduce
 
     try:
         with bad_input(), implementation_prints(format):
@@ -79,8 +79,8 @@ def repro(
 
 
 def _earlier_bundle(folder: Path) -> bool:
-    """``traces.bundle.is_bundle``, imported only when a folder is to be replaced (it imports torch)."""
-    from traces.bundle import is_bundle
+    """``traces.repro.bundle.is_bundle``, imported only when a folder is to be replaced (it imports torch)."""
+    from traces.repro.bundle import is_bundle
 
     return is_bundle(folder)
 

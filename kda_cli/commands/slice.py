@@ -1,6 +1,6 @@
 """``kda slice``: cut a range of events out of a trace by hand; parsing and rendering only.
 
-The engine is ``traces.slice.cut_events``.
+The engine is ``traces.repro.slice.cut_events``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def slice_trace(
     parse_range(events)
     output_file(out, "--out", inputs=[trace], force=force)
     device = select_device()
-    from traces.impl import load_impl
-    from traces.io import read_trace
-    from traces.slice import cut_events
-    from traces.tape import Tape
+    from traces.impl.loader import load_impl
+    from traces.format.io import read_trace
+    from traces.repro.slice import cut_events
+    from traces.format.tape import Tape
 
     try:
         with bad_input():

@@ -1,4 +1,4 @@
-"""``kda synth``: write a synthetic trace; parsing and rendering only (engine: ``traces.synth``)."""
+"""``kda synth``: write a synthetic trace; parsing and rendering only (engine: ``traces.synth.simulation``)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def synth(
     The file is written whole or not at all; Ctrl-C or SIGTERM leaves nothing (exit 130/143).
     """
     check_format(format)
-    from traces.synth_config import SynthConfig
+    from traces.synth.config import SynthConfig
 
     config = SynthConfig(preset=preset, mode=mode, requests=requests, steps=steps, seed=seed, acceptance=acceptance,
                          max_batch=max_batch, num_slots=slots, num_record_rows=record_rows,
@@ -46,7 +46,7 @@ def synth(
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     output_file(out, "OUT", force=force)
     select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
-    from traces.synth import synthesize
+    from traces.synth.simulation import synthesize
 
     with Progress("synth: requests finished", requests) as bar:
         try:

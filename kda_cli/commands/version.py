@@ -11,7 +11,7 @@ from kda_cli.output import emit
 def version(format: str = typer.Option("human", "--format", help="human or json.")) -> None:
     """Print kda, torch and triton versions and the device in use."""
     check_format(format)
-    from traces.provenance import environment
+    from traces.format.provenance import environment
 
     def human(env: dict) -> None:
         for key, value in env.items():

@@ -1,5 +1,5 @@
 """CUDA graph capture: never cut half way by Ctrl-C or SIGTERM (``interrupts_held``, from
-``traces.signals``), and an implementation that synchronises with the host is refused before
+``traces.format.signals``), and an implementation that synchronises with the host is refused before
 it is captured.
 
 Each row's graph is captured after two warm-up runs on a side stream (the second under
@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from traces.signals import interrupts_held
+from traces.format.signals import interrupts_held
 
 
 class SyncError(RuntimeError):

@@ -7,14 +7,14 @@ import math
 
 from dataclasses import dataclass
 
-from traces.dtype_names import dtype_name, spelled
+from traces.format.dtype_names import dtype_name, spelled
 
 OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
 LAYER_OPS = ("commit-layers",)
 """Ops timed only when asked for (``--ops``): ``commit-layers`` is one commit of every layer of
 a model (``--layers``)."""
 STATE_DTYPE_NAMES = ("float32", "bfloat16")
-"""Checkpoint state dtypes a bench run takes, by full name (``traces.dtype_names``)."""
+"""Checkpoint state dtypes a bench run takes, by full name (``traces.format.dtype_names``)."""
 ACCEPT_MODES = ("full", "random")
 MODES = ("graph", "eager")
 DEFAULT_TOUCH_BYTES = 512 * 2**20
@@ -42,7 +42,7 @@ PRESETS = {
 
 @dataclass
 class BenchConfig:
-    """What to run. ``impls`` are specs for ``traces.impl.load_impl``; ``touch_bytes`` is
+    """What to run. ``impls`` are specs for ``traces.impl.loader.load_impl``; ``touch_bytes`` is
     the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples;
     ``layers``: KDA layers of a model, every row timing one model's calls (``workload``)."""
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from traces.files import written_whole
+from traces.format.files import written_whole
 
 SCHEMA = "kda-bench/1"
 SMOKE_LABEL = "interpreter smoke run: timings are not measurements"

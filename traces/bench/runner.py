@@ -12,7 +12,7 @@ from traces.bench.timers import CudaTimer, WallTimer, measure_copy_ceiling
 
 def start_run(config: BenchConfig, device: str, progress: Callable[[str], None]):
     """Load the implementations; pick the timer and the call mode; measure the copy ceiling."""
-    from traces.impl import load_impl
+    from traces.impl.loader import load_impl
 
     impls = {spec: load_impl(spec) for spec in config.impls}
     cuda = device.startswith("cuda")
@@ -27,8 +27,8 @@ def start_run(config: BenchConfig, device: str, progress: Callable[[str], None])
 
 
 def impl_routes(impls: dict) -> dict[str, dict[str, str]]:
-    """Per implementation spec: op -> the implementation it runs through (``traces.surface``)."""
-    from traces.surface import op_routes
+    """Per implementation spec: op -> the implementation it runs through (``traces.impl.surface``)."""
+    from traces.impl.surface import op_routes
 
     return {spec: op_routes(impl, spec) for spec, impl in impls.items()}
 

@@ -30,7 +30,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
     A row that cannot be timed keeps its place with ``error`` set and no times. On
     ``KeyboardInterrupt`` it stops and returns the rows finished so far, ``interrupted``.
     """
-    from traces.provenance import environment
+    from traces.format.provenance import environment
 
     preset = PRESETS[config.preset]
     state_dtype = STATE_DTYPES[config.state_dtype]

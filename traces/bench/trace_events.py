@@ -19,8 +19,8 @@ from traces.bench.config import BenchConfig
 from traces.bench.contract_bytes import Shape, event_bytes
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
-from traces.schema import PLAN_FIELDS
-from traces.tape import event_call, trace_buffers
+from traces.format.schema import PLAN_FIELDS
+from traces.format.tape import event_call, trace_buffers
 
 
 class TraceState:
@@ -47,7 +47,7 @@ class TraceState:
 
 def run_trace_bench(trace, config: BenchConfig, device: str,
                     progress: Callable[[str], None] = lambda _: None) -> BenchRun:
-    """Time each event of an opened trace (``traces.io.read_trace``) through each implementation.
+    """Time each event of an opened trace (``traces.format.io.read_trace``) through each implementation.
 
     The buffers evolve under each implementation as in a replay. Before every sample of
     event ``i`` they are restored to their contents just before ``i`` (untimed, then L2 is
@@ -55,7 +55,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
     sample is one call (``n_sets`` = 1). An event that fails leaves the rest of that
     implementation's events untimed.
     """
-    from traces.provenance import environment
+    from traces.format.provenance import environment
 
     m = trace.manifest
     act, state = getattr(torch, m.activation_dtype), getattr(torch, m.state_dtype)

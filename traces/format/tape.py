@@ -1,0 +1,236 @@
+"""A trace held in memory, and playing its events through an implementation.
+
+``Tape`` is the editable form of a trace: every tensor loaded, events as ``Step`` objects
+that carry their tensors by role. Tools that rewrite traces (slicing, shrinking) edit a
+tape and write it back with ``Tape.write`` (which validates).
+
+``play`` runs a tape's events through any object exposing the kernel API (a module, or a
+``traces.record.recorder.Recorder``), starting from the tape's initial buffers, and returns the
+buffers after the last event played. With ``patch=True`` every buffer region an event's
+expected results describe is overwritten with them after the event, so the buffers follow
+the recording wherever it recorded something.
+
+``event_call`` is the one place where an event becomes a kernel call: ``play``, the replay
+(``traces.replay.engine``) and the trace bench (``traces.bench``) all run events through it, the
+last two on an opened trace's buffers (``trace_buffers``). A ``write`` event is applied by
+kda itself (``apply_write``), whatever the implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+import torch
+
+from traces.format.io import Trace, TraceBuilder
+from traces.format.schema import NULL_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
+
+
+@dataclass
+class Step:
+    """One event: op, tensors by role, attrs."""
+
+    op: str
+    inputs: dict[str, torch.Tensor]
+    expected: dict[str, torch.Tensor] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        """Batch rows of a kernel call; 0 for a ``write``."""
+        slots = self.inputs.get("state_indices")
+        return 0 if slots is None else slots.shape[0]
+
+
+@dataclass
+class Tape:
+    """A whole trace in memory. ``initial`` and ``final`` map ``schema.BUFFERS`` roles to
+    tensors (``final`` may be empty); ``params`` maps ``A_log`` and ``dt_bias``."""
+
+    dims: Dims
+    activation_dtype: str
+    state_dtype: str
+    lower_bound: float | None
+    params: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor]
+    steps: list[Step]
+    final: dict[str, torch.Tensor] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, trace: Trace) -> "Tape":
+        """Every tensor of an opened trace (``traces.format.io.read_trace``), loaded on the CPU."""
+        m, tensors = trace.manifest, trace.tensors
+        steps = [Step(e.op, tensors(e.inputs), tensors(e.expected), dict(e.attrs)) for e in m.events]
+        return cls(m.dims, m.activation_dtype, m.state_dtype, m.lower_bound, tensors(m.params), tensors(m.initial),
+                   steps, tensors(m.final), dict(m.provenance))
+
+    def sizes(self) -> BufferSizes:
+        return BufferSizes(self.initial["checkpoint_state"].shape[0], self.initial["pending"].shape[0],
+                           self.initial["plan.commit_lens"].shape[0])
+
+    def builder(self) -> TraceBuilder:
+        manifest = Manifest(self.dims, self.activation_dtype, self.state_dtype, self.lower_bound, self.sizes(),
+                            {}, {}, provenance=dict(self.provenance))
+        b = TraceBuilder(manifest)
+        b.set_params(self.params["A_log"], self.params["dt_bias"])
+        b.set_buffers("initial", self.initial)
+        if self.final:
+            b.set_buffers("final", self.final)
+        for s in self.steps:
+            b.add_event(s.op, s.inputs, s.expected, s.attrs)
+        return b
+
+    def write(self, path) -> None:
+        """Validate and write atomically (``traces.format.io.write_trace``); raises ``TraceError``."""
+        self.builder().write(path)
+
+    def with_steps(self, steps: list[Step], **changes: Any) -> "Tape":
+        """A copy with other steps (and other fields); tensors are shared, not copied."""
+        return replace(self, steps=steps, **changes)
+
+
+@dataclass
+class Buffers:
+    """What the ops read besides their inputs, on one device: the buffers they mutate and
+    the parameters."""
+
+    pool: torch.Tensor
+    records: Any
+    pending: torch.Tensor
+    plan: Any
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+
+    def as_roles(self) -> dict[str, torch.Tensor]:
+        return {"checkpoint_state": self.pool, "records.correction": self.records.correction,
+                "records.key_gate": self.records.key_gate, "pending": self.pending,
+                **{f"plan.{f}": getattr(self.plan, f) for f in PLAN_FIELDS}}
+
+    @classmethod
+    def from_roles(cls, tensors: Mapping[str, torch.Tensor], api, device: str, copy: bool = True) -> "Buffers":
+        """Buffers from ``{role: tensor}`` (every ``schema.BUFFERS`` role, ``A_log`` and
+        ``dt_bias``), moved to ``device`` (copied when ``copy``), in ``api``'s buffer types."""
+        b = {role: t.to(device, copy=copy) for role, t in tensors.items()}
+        return cls(b["checkpoint_state"], api.KDARecoverSSMRecords(b["records.correction"], b["records.key_gate"]),
+                   b["pending"], api.CommitPlan(*(b[f"plan.{f}"] for f in PLAN_FIELDS)), b["A_log"], b["dt_bias"])
+
+
+def initial_buffers(tape: Tape, api, device: str) -> Buffers:
+    """Fresh copies of the tape's initial buffers and parameters on ``device``, in ``api``'s
+    buffer types."""
+    return Buffers.from_roles({**tape.initial, **tape.params}, api, device)
+
+
+def trace_buffers(trace: Trace, api, device: str) -> Buffers:
+    """An opened trace's initial buffers and parameters, loaded (checksums checked) onto
+    ``device``, in ``api``'s buffer types."""
+    m = trace.manifest
+    return Buffers.from_roles(trace.tensors({**m.params, **m.initial}), api, device, copy=False)
+
+
+def event_call(api, op: str, x: Mapping[str, torch.Tensor], attrs: Mapping[str, Any], bufs: Buffers, T: int,
+               lower_bound: float | None, out: torch.Tensor | None = None) -> Callable[[], Any]:
+    """One event's call through ``api`` on ``bufs``, ready to run (and to run again): ``x``
+    holds its inputs by role, on the device; ``out`` is verify's output (None: the op
+    allocates it). The thunk returns what the op returns."""
+    A_log, dt_bias, lb = bufs.A_log, bufs.dt_bias, lower_bound
+    if op == "verify":
+        return lambda: api.kda_recoverssm_verify(
+            x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], A_log, dt_bias, lb, bufs.pool, bufs.records,
+            x["query_start_loc"], x["state_indices"], T, out=out, record_indices=x.get("record_indices"))
+    if op == "plan":
+        return lambda: api.kda_recoverssm_plan(bufs.plan, x["num_accepted"], x["query_start_loc"],
+                                               x["state_indices"], T, x.get("block_table"), x.get("num_computed"),
+                                               attrs.get("block_size"))
+    if op == "defer":
+        return lambda: api.kda_recoverssm_defer(bufs.plan, x["state_indices"], x["record_rows"], bufs.pending,
+                                                x.get("eager"))
+    if op == "commit":
+        return lambda: api.kda_recoverssm_commit(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
+                                                 bufs.plan, x.get("record_indices"))
+    if op == "write":
+        return lambda: apply_write(x, bufs)
+    keep = {} if attrs.get("consume_pending", True) else {"consume_pending": False}
+    return lambda: api.kda_recoverssm_flush(bufs.pool, bufs.records, A_log, dt_bias, lb, x["state_indices"],
+                                            x["record_rows"], bufs.pending, bufs.plan, **keep)
+
+
+def apply_write(x: Mapping[str, torch.Tensor], bufs: Buffers) -> None:
+    """Set the buffer regions a ``write`` event names (``schema.INPUTS["write"]``) to its contents."""
+    dev = bufs.pool.device
+    if "slots" in x:
+        bufs.pool[x["slots"].long().to(dev)] = x["states"].to(dev)
+    if "rows" in x:
+        rows = x["rows"].long().to(dev)
+        bufs.records.correction[rows] = x["records.correction"].to(dev)
+        bufs.records.key_gate[rows] = x["records.key_gate"].to(dev)
+    for role, buf in {**bufs.as_roles(), "A_log": bufs.A_log, "dt_bias": bufs.dt_bias}.items():
+        if role in x and role not in ("records.correction", "records.key_gate"):
+            buf.copy_(x[role].to(dev))
+
+
+def call(api, step: Step, bufs: Buffers, tape: Tape, device: str):
+    """Run one step through ``api`` on ``bufs``; returns what the op returns."""
+    x = {role: t.to(device) for role, t in step.inputs.items()}
+    return event_call(api, step.op, x, step.attrs, bufs, tape.dims.T, tape.lower_bound)()
+
+
+def play(tape: Tape, api, device: str = "cpu", stop: int | None = None, patch: bool = False,
+         bufs: Buffers | None = None, progress: Callable[[int, int], None] | None = None) -> Buffers:
+    """Run steps ``0..stop-1`` (all by default) through ``api`` on ``bufs`` (default: fresh
+    ``initial_buffers``); return the buffers after them. ``progress(done, total)`` follows
+    every step."""
+    bufs = bufs or initial_buffers(tape, api, device)
+    steps = tape.steps[:stop]
+    for i, step in enumerate(steps):
+        call(api, step, bufs, tape, device)
+        if patch:
+            apply_expected(step, bufs, tape.dims.T)
+        if progress is not None:
+            progress(i + 1, len(steps))
+    return bufs
+
+
+def apply_expected(step: Step, bufs: Buffers, T: int) -> None:
+    """Overwrite the buffer regions ``step``'s expected results describe with those results."""
+    e, x = step.expected, step.inputs
+    dev = bufs.pool.device
+    if step.op == "verify":
+        slots = x["state_indices"].long()
+        rec = x["record_indices"].long() if "record_indices" in x else torch.arange(slots.shape[0])
+        qsl = x["query_start_loc"].long()
+        lens = (qsl[1:] - qsl[:-1]).clamp(0, T)
+        for b in ((slots > NULL_ID) & (rec >= 0)).nonzero().flatten().tolist():
+            n, row = int(lens[b]), int(rec[b])
+            for role, buf in (("records.correction", bufs.records.correction),
+                              ("records.key_gate", bufs.records.key_gate)):
+                if role in e:
+                    buf[row, :, :n] = e[role][b, :, :n].to(dev)
+    elif step.op == "plan":
+        for f in PLAN_FIELDS:
+            if f in e:
+                getattr(bufs.plan, f)[: e[f].shape[0]] = e[f].to(dev)
+    elif step.op == "defer" and "commit_lens" in e:
+        bufs.plan.commit_lens[: e["commit_lens"].shape[0]] = e["commit_lens"].to(dev)
+    if "pending" in e and step.op in ("defer", "flush"):
+        bufs.pending.copy_(e["pending"].to(dev))
+    if "states" in e and "slots" in e:
+        bufs.pool[e["slots"].long().to(dev)] = e["states"].to(dev)
+
+
+def rebased(tape: Tape, start: int, oracle, device: str = "cpu",
+            progress: Callable[[int, int], None] | None = None) -> Tape:
+    """The tape from step ``start`` on, its initial buffers the state before that step:
+    steps ``0..start-1`` played through ``oracle`` with their expected results patched in
+    (``progress`` as for ``play``)."""
+    if start == 0:
+        return tape
+    bufs = play(tape, oracle, device, stop=start, patch=True, progress=progress)
+    initial = {role: t.detach().to("cpu", copy=True) for role, t in bufs.as_roles().items()}
+    return tape.with_steps(tape.steps[start:], initial=initial)
+
+
+__all__ = ["Buffers", "Step", "Tape", "apply_expected", "call", "event_call", "initial_buffers", "play", "rebased",
+           "trace_buffers"]

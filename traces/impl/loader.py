@@ -1,0 +1,96 @@
+"""Which implementation of the kernel API a replay runs (``kda replay --impl``).
+
+``triton`` is the ``kernels`` package, ``reference`` is ``kernels.reference``; anything
+else is an importable module name or a path to a ``.py`` file exposing the same five
+functions, or only the documented surface (``traces.impl.surface.SURFACE``: verify, the records
+type and the two raw kernels), in which case the ops it lacks run through kda's kernels.
+The buffer API (``KDARecoverSSMRecords``, ``CommitPlan``, ``allocate_records``) is the
+module's own when it defines it, else that of ``kernels.buffers``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from traces.impl.surface import SURFACE, SurfaceImpl, has_surface
+
+API = {
+    "verify": "kda_recoverssm_verify",
+    "plan": "kda_recoverssm_plan",
+    "defer": "kda_recoverssm_defer",
+    "commit": "kda_recoverssm_commit",
+    "flush": "kda_recoverssm_flush",
+}
+"""Op name in a trace -> function name every implementation exposes."""
+
+
+class ImplError(ValueError):
+    """The requested implementation cannot be loaded or lacks part of the API."""
+
+
+BUFFER_API = ("KDARecoverSSMRecords", "CommitPlan", "allocate_records", "NULL_BLOCK_ID")
+
+
+def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl:
+    """Import the implementation named by ``spec`` and return its module, or a
+    ``SurfaceImpl`` over it when it has the documented surface but not the five functions.
+
+    The result exposes the five ``API`` functions and the ``BUFFER_API`` names (filled in
+    from ``kernels.buffers`` where the module does not define them). Raises ``ImplError``
+    when it cannot be imported or has neither, its message starting with ``option`` (the
+    command-line option that named it). Import the kernels only after the device is chosen
+    (``TRITON_INTERPRET`` on a CPU).
+    """
+    if spec == "triton":
+        module = importlib.import_module("kernels")
+    elif spec == "reference":
+        module = importlib.import_module("kernels.reference")
+    elif names_a_file(spec):
+        module = _load_file(Path(spec), option)
+    else:
+        try:
+            module = importlib.import_module(spec)
+        except ImportError as exc:
+            raise ImplError(f"{option} {spec}: cannot import it ({exc}); expected triton, reference, "
+                            "a module name or a .py file") from None
+        except Exception as exc:
+            raise ImplError(f"{option} {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
+    missing = [fn for fn in API.values() if not callable(getattr(module, fn, None))]
+    if missing and has_surface(module):
+        return SurfaceImpl(module, spec)
+    if missing:
+        lacks = [name for name in SURFACE if not hasattr(module, name)]
+        raise ImplError(f"{option} {spec}: the module lacks {', '.join(missing)} (the five-function API), "
+                        f"or {', '.join(lacks)} (the documented surface)")
+    from kernels import buffers
+
+    for name in BUFFER_API:
+        if not hasattr(module, name):
+            setattr(module, name, getattr(buffers, name))
+    return module
+
+
+def names_a_file(spec: str) -> bool:
+    """Whether ``spec`` names a ``.py`` file rather than a module."""
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def _load_file(path: Path, option: str) -> ModuleType:
+    if not path.is_file():
+        raise ImplError(f"{option} {path}: no such file")
+    name = f"kda_impl_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImplError(f"{option} {path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ImplError(f"{option} {path}: importing it failed: {type(exc).__name__}: {exc}") from None
+    return module

@@ -1,0 +1,327 @@
+"""The events of a trace being recorded: buffers, first-seen snapshots, shards (format v1).
+
+``EventRecorder`` keeps what a trace needs, whatever the calls that feed it (``Recorder``
+maps the kernel API onto it, ``traces.record.patch.PatchRecorder`` patched modules): the buffers
+it binds (the first pool, records, pending counts, plan and parameters seen, by role), the
+first-seen contents of the regions each event touches (state slots and record rows; small
+buffers whole; whole pools with ``snapshot="all"``), the caps, and one pair of shards an
+event under ``<path>.shards``. An event is ``_begin`` (inputs and snapshots, written before the
+call), ``_call`` (the call; when it raises the event is undone) and ``_end`` (the expected
+results). ``close()`` merges the shards into the trace.
+
+Whatever changed a region the trace has described since the last recorded call that
+touched it (the engine's own writes, calls left unrecorded) becomes a ``write`` event just
+before the call that touches it next (``traces.record.watch``), so a replay starts every
+call from what the recorded call saw.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from traces.record.watch import BufferWatch
+from traces.format.schema import NULL_ID, OPS, PLAN_FIELDS
+from traces.record.shards import MergeResult, RecordError, merge_shards, save_shard
+from traces.format.validate import dtype_name
+
+SNAPSHOTS = ("touched", "all")
+
+
+def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | None = None,
+                  max_events: int | None = None, max_bytes: int | None = None) -> None:
+    """Raise ``RecordError`` for a recorder option out of range (``EventRecorder``'s options)."""
+    if snapshot not in SNAPSHOTS:
+        raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
+    unknown = [op for op in ops or () if op not in OPS]
+    if unknown:
+        raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(OPS)}")
+    for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
+        if cap is not None and cap < 1:
+            raise RecordError(f"{name} must be positive, got {cap}")
+
+
+def shards_dir(path: str | os.PathLike) -> Path:
+    """Where the shards of trace ``path`` are spilled: ``<path>.shards``."""
+    p = Path(path)
+    return p.with_name(p.name + ".shards")
+
+
+def stale_shards(path: str | os.PathLike) -> str:
+    """Why recording into ``path`` cannot start while ``shards_dir(path)`` exists, and what to do."""
+    shards = shards_dir(path)
+    return (f"{shards} holds the shards of a recording that never finished: "
+            f"kda record merge {shards} TRACE keeps its events; remove the folder to discard them")
+
+
+class EventRecorder:
+    """Records calls into ``impl`` as the events of the trace ``path`` (see the module docstring).
+
+    ``impl``: ``kernels`` by default, any spec ``traces.impl.loader.load_impl`` accepts, or a module
+    object. ``ops`` keeps only those ops (note: the buffers then change between kept events
+    without a record, so such a trace replays exactly only where nothing skipped touched
+    the same slots). ``max_events`` and ``max_bytes`` stop recording once reached (the
+    byte cap counts shard bytes; the event that crosses it is still completed).
+    """
+
+    def __init__(self, path: str | os.PathLike, impl: str | ModuleType = "kernels", *, snapshot: str = "touched",
+                 ops: tuple[str, ...] | list[str] | None = None, max_events: int | None = None,
+                 max_bytes: int | None = None):
+        check_options(snapshot, ops, max_events, max_bytes)
+        if isinstance(impl, str):
+            from traces.impl.loader import ImplError, load_impl
+
+            try:
+                self.impl, impl_name = load_impl(impl), impl
+            except ImplError as exc:
+                raise RecordError(str(exc)) from None
+        else:
+            self.impl, impl_name = impl, impl.__name__
+        self.path = Path(path)
+        self.shards = shards_dir(self.path)
+        if self.shards.exists():
+            raise RecordError(stale_shards(self.path))
+        self.shards.mkdir(parents=True)
+        self.snapshot, self.ops = snapshot, tuple(ops) if ops else OPS
+        self.max_events, self.max_bytes = max_events, max_bytes
+        self.events = self.calls = self.bytes = 0
+        self.skipped: dict[str, int] = {}
+        self.stopped: str | None = None
+        self.closed = False
+        self._bound: dict[str, torch.Tensor] = {}
+        self._lower_bound: tuple[float | None] | None = None
+        self._seen_slots: set[int] = set()
+        self._seen_rows: set[int] = set()
+        self._seen_whole: set[str] = set()
+        self._max_batch = 1
+        self._watch = BufferWatch()
+        from traces.format.provenance import trace_provenance
+
+        self.provenance: dict[str, Any] = trace_provenance(
+            "kda record", command=shlex.join(sys.argv), impl=impl_name, snapshot=snapshot, ops=list(self.ops),
+            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
+
+    def closing_provenance(self) -> dict[str, Any]:
+        """Provenance known only once recording ends (none here; see ``traces.record.patch``)."""
+        return {}
+
+    def _begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
+               bind: dict[str, torch.Tensor], lower_bound: tuple | None = None) -> "_Event":
+        """Bind new buffers, record what changed since the trace last described the regions
+        this call touches (a ``write`` event), snapshot first-seen regions, write the inputs
+        shard. ``lower_bound`` is ``(value,)`` for ops that take one."""
+        bound_before = dict(self._bound)
+        for role, t in bind.items():
+            self._bind(role, t)
+        touched_slots, touched_rows = self._touched(slots, rows)
+        self._write_changes(touched_slots, touched_rows)  # true whatever the call does: not undone
+        undo = (set(self._seen_slots), set(self._seen_rows), set(self._seen_whole), bound_before,
+                self._lower_bound, self.stopped, self.bytes, self._max_batch, self.calls)
+        tensors: dict[str, torch.Tensor] = {}
+        for role, t in inputs.items():
+            if t is not None:
+                tensors[f"in.{role}"] = _cpu(t)
+        self._max_batch = max(self._max_batch, inputs["state_indices"].shape[0])
+        tensors.update(self._snapshots(slots, rows, bind, lower_bound))
+        index = self.events
+        meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
+        self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
+        self.events += 1
+        self.calls += 1
+        if self.max_events is not None and self.calls >= self.max_events:
+            self.stopped = "max_events"
+        elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
+            self.stopped = "max_bytes"
+        every = self.snapshot == "all"
+        return _Event(index, undo, _all_or(every, touched_slots, self._seen_slots),
+                      _all_or(every, touched_rows, self._seen_rows))
+
+    def _call(self, event: "_Event", run):
+        try:
+            return run()
+        except BaseException:
+            # the call raised: it is not an event of the trace
+            (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
+            self.events -= 1
+            (self._seen_slots, self._seen_rows, self._seen_whole, self._bound, self._lower_bound,
+             self.stopped, self.bytes, self._max_batch, self.calls) = event.undo
+            self.skipped["raised"] = self.skipped.get("raised", 0) + 1
+            raise
+
+    def _end(self, event: "_Event", expected: dict[str, torch.Tensor]) -> None:
+        tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
+        self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
+        self._note(event.slots, event.rows)
+
+    # -- writes between the recorded calls -------------------------------------------
+
+    def _touched(self, slots, rows) -> tuple[list[int], list[int]]:
+        """The real slots and record rows (in range of the bound buffers) a call touches."""
+        pool, corr = self._bound.get("checkpoint_state"), self._bound.get("records.correction")
+        touched_slots = _ints(slots, NULL_ID + 1, pool.shape[0]) if pool is not None and slots is not None else []
+        touched_rows = _ints(rows, 0, corr.shape[0]) if corr is not None and rows is not None else []
+        return touched_slots, touched_rows
+
+    def _write_changes(self, slots: list[int], rows: list[int]) -> None:
+        """A ``write`` event holding every region among ``slots``, ``rows`` and the small
+        buffers whose contents differ from what the trace says; none when nothing does."""
+        watch, bound = self._watch, self._bound
+        tensors: dict[str, torch.Tensor] = {}
+        changed_slots: list[int] = []
+        changed_rows: list[int] = []
+        if "checkpoint_state" in bound:
+            changed_slots = watch.changed_rows("checkpoint_state", bound["checkpoint_state"], slots)
+        if changed_slots:
+            tensors.update(_rows_of("slots", "states", bound["checkpoint_state"], changed_slots))
+        if "records.correction" in bound:
+            changed_rows = sorted(set(watch.changed_rows("records.correction", bound["records.correction"], rows))
+                                  | set(watch.changed_rows("records.key_gate", bound["records.key_gate"], rows)))
+        if changed_rows:
+            tensors.update(_rows_of("rows", "records.correction", bound["records.correction"], changed_rows))
+            kg = bound["records.key_gate"]
+            tensors["in.records.key_gate"] = _cpu(kg[torch.tensor(changed_rows, device=kg.device)])
+        changed_whole = [role for role in _WHOLE if role in bound and watch.changed_whole(role, bound[role])]
+        for role in changed_whole:
+            tensors[f"in.{role}"] = _cpu(bound[role])
+        if not tensors:
+            return
+        index = self.events
+        meta = {"index": index, "op": "write", "attrs": {}, "context": self._context()}
+        self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
+        self.bytes += save_shard(self.shards / f"{index:06d}.out.safetensors", {}, {"index": index})
+        self.events += 1
+        self._note(changed_slots, changed_rows)
+
+    def _note(self, slots: list[int], rows: list[int]) -> None:
+        """The trace now describes ``slots``, ``rows`` and every bound small buffer as they are."""
+        watch, bound = self._watch, self._bound
+        if "checkpoint_state" in bound:
+            watch.note_rows("checkpoint_state", bound["checkpoint_state"], slots)
+        for role in ("records.correction", "records.key_gate"):
+            if role in bound:
+                watch.note_rows(role, bound[role], rows)
+        for role in _WHOLE:
+            if role in bound:
+                watch.note_whole(role, bound[role])
+
+    def _bind(self, name: str, tensor: torch.Tensor) -> None:
+        self._bound.setdefault(name, tensor)
+
+    def _snapshots(self, slots, rows, bind: dict[str, torch.Tensor], lower_bound) -> dict[str, torch.Tensor]:
+        """Bind the buffers of this call and copy the regions seen for the first time."""
+        out: dict[str, torch.Tensor] = {}
+        for role, t in bind.items():
+            self._bind(role, t)
+        for role in _WHOLE:
+            if role in self._bound and role not in self._seen_whole:
+                self._seen_whole.add(role)
+                out[f"snap.{role}"] = _cpu(self._bound[role])
+        if lower_bound is not None and self._lower_bound is None:
+            self._lower_bound = lower_bound
+        pool = self._bound.get("checkpoint_state")
+        if pool is not None and slots is not None:
+            new = self._first_sight(self._seen_slots, slots, NULL_ID + 1, pool.shape[0])
+            if new:
+                index = torch.tensor(new, dtype=torch.int64)
+                out["snap.slots"] = index
+                out["snap.states"] = _cpu(pool[index.to(pool.device)])
+        corr = self._bound.get("records.correction")
+        if corr is not None and rows is not None:
+            new = self._first_sight(self._seen_rows, rows, 0, corr.shape[0])
+            if new:
+                index = torch.tensor(new, dtype=torch.int64)
+                out["snap.rows"] = index
+                out["snap.records.correction"] = _cpu(corr[index.to(corr.device)])
+                kg = self._bound["records.key_gate"]
+                out["snap.records.key_gate"] = _cpu(kg[index.to(kg.device)])
+        return out
+
+    def _first_sight(self, seen: set[int], indices, low: int, size: int) -> list[int]:
+        """Indices in ``[low, size)`` this call touches (every one, with snapshot ``all``) that
+        no earlier event did; they are marked seen."""
+        wanted = range(size) if self.snapshot == "all" else _ints(indices, low, size)
+        new = sorted(set(wanted) - seen)
+        seen.update(new)
+        return new
+
+    def _context(self) -> dict[str, Any]:
+        """What the manifest needs, as far as known now (each shard carries it)."""
+        ctx: dict[str, Any] = {"provenance": {**self.provenance, "skipped_calls": dict(self.skipped)},
+                               "max_batch": self._max_batch}
+        pool, corr = self._bound.get("checkpoint_state"), self._bound.get("records.correction")
+        if pool is not None and corr is not None:
+            N, H, V, K = pool.shape
+            ctx.update(dims={"H": H, "K": K, "V": V, "T": corr.shape[2]}, num_slots=N, num_record_rows=corr.shape[0],
+                       state_dtype=dtype_name(pool.dtype),
+                       activation_dtype=dtype_name(self._bound["records.key_gate"].dtype),
+                       lower_bound=self._lower_bound[0] if self._lower_bound else None)
+        if "pending" in self._bound:
+            ctx["num_record_rows"] = self._bound["pending"].shape[0]
+        if "plan.commit_lens" in self._bound:
+            ctx["plan_rows"] = self._bound["plan.commit_lens"].shape[0]
+        return ctx
+
+    def close(self) -> MergeResult | None:
+        """Stop recording and merge the shards into ``path`` (then remove them). Returns
+        None when nothing was recorded. Raises ``RecordError`` (shards kept) when they
+        cannot make a trace. Closing twice is a no-op."""
+        if self.closed:
+            return None
+        self.closed = True
+        if self.events == 0:
+            shutil.rmtree(self.shards, ignore_errors=True)
+            return None
+        extra = {"skipped_calls": dict(self.skipped), "stopped_by": self.stopped, **self.closing_provenance()}
+        result = merge_shards(self.shards, self.path, extra)
+        shutil.rmtree(self.shards, ignore_errors=True)
+        return result
+
+    def __enter__(self) -> "EventRecorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
+"""Bound buffers snapshot whole at first sight (small); pool and records go by region."""
+
+
+@dataclass
+class _Event:
+    index: int
+    undo: tuple  # what was seen and bound before it, restored when the call raises
+    slots: list[int]  # the regions the trace describes as the call leaves them
+    rows: list[int]
+
+
+def _all_or(every: bool, touched: list[int], seen: set[int]) -> list[int]:
+    """``touched``, or with ``snapshot="all"`` every index seen (the whole buffer)."""
+    return sorted(seen) if every else touched
+
+
+def _rows_of(index_role: str, role: str, buf: torch.Tensor, indices: list[int]) -> dict[str, torch.Tensor]:
+    index = torch.tensor(indices, dtype=torch.int64)
+    return {f"in.{index_role}": index.to(torch.int32), f"in.{role}": _cpu(buf[index.to(buf.device)])}
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
+    """Distinct values of ``t`` in ``[lo, hi)``."""
+    v = t.reshape(-1).cpu().long()
+    return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
+
+
+__all__ = ["SNAPSHOTS", "EventRecorder", "check_options", "shards_dir", "stale_shards"]

@@ -1,0 +1,348 @@
+"""Recording a program that was not edited: modules patched in place when they are imported.
+
+``install(recorder, names)`` puts an import hook in front of ``sys.meta_path``; when a
+module named in ``names`` is imported (or at once, if it already was), after it has run:
+
+- each kernel API function it has (``FUNCTIONS``) is replaced by one that records the call
+  through ``recorder`` and runs the module's own function;
+- each documented raw kernel it has (``RAW_KERNELS``) is replaced by an object whose
+  ``kernel[grid](...)`` launch runs the kernel and records it: ``_defer_commit_kernel`` as a
+  defer event, ``_prepare_flush_plan_kernel`` as the start of a flush event that the next
+  commit of that plan and those rows (the commit half of the flush) completes.
+
+A call made while a recorded call runs (a module's verify calling its own helpers) is not
+recorded again. A fused call (``FUSED_PARTS``) is recorded as its two parts, run through the
+module's own; in a module without them, it ends the recording (``stopped_by``) and runs.
+
+A model has one set of buffers per layer: the ``PatchRecorder``'s ``layer`` picks the N-th
+state pool and the N-th pending counts seen (order of first use); calls on other layers run
+unrecorded (``skipped_calls["other_layer"]``) and the provenance says how many layers were
+seen.
+
+In a child process, ``install_from_env`` does this from ``KDA_RECORD`` (the trace),
+``KDA_RECORD_PATCH`` (comma-separated module names) and ``KDA_RECORD_LAYER``; ``kda record
+run --patch`` runs it at start-up through the ``sitecustomize`` in ``BOOT_DIR``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import torch
+
+from traces.record.recorder import PLAN_FIELDS, Recorder, RecordError, capturing, written_slots
+
+ENV_PATCH = "KDA_RECORD_PATCH"
+ENV_LAYER = "KDA_RECORD_LAYER"
+BOOT_DIR = Path(__file__).with_name("boot")
+"""Holds the ``sitecustomize`` that calls ``install_from_env`` in a child process."""
+
+FUNCTIONS = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
+             "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
+FUSED_PARTS = {"kda_recoverssm_flush_verify": ("kda_recoverssm_flush", "kda_recoverssm_verify"),
+               "kda_recoverssm_plan_deferred": ("kda_recoverssm_plan", "kda_recoverssm_defer")}
+"""A fused function -> the two calls it is recorded as, through the module's own."""
+RAW_KERNELS = {
+    "_defer_commit_kernel": ("state_indices_ptr", "commit_lens_ptr", "record_rows_ptr", "pending_ptr", "eager_ptr",
+                             "null_block_id", "stride_state_indices"),
+    "_prepare_flush_plan_kernel": ("state_indices_ptr", "record_rows_ptr", "pending_ptr", "commit_lens_ptr",
+                                   "final_state_indices_ptr", "boundary_state_indices_ptr",
+                                   "boundary_recovery_lens_ptr", "null_block_id", "stride_state_indices",
+                                   "SPEC_QUERY_LEN"),
+}
+"""Documented raw kernels -> their documented parameters, in order."""
+
+_RECORDED = "__kda_recorded__"
+
+
+class PatchRecorder(Recorder):
+    """A ``Recorder`` fed by patched modules: each call runs through the calling module's own
+    functions, only on the chosen layer's buffers."""
+
+    def __init__(self, path, names: list[str], layer: int = 0, **options: Any):
+        if layer < 0:
+            raise RecordError(f"layer must be >= 0, got {layer}")
+        super().__init__(path, SimpleNamespace(__name__="patched: " + ", ".join(names)), **options)
+        self.layer = layer
+        self.provenance.update(patched=list(names), layer=layer)
+        self._layers: dict[str, list[tuple]] = {"checkpoint_state": [], "pending": []}
+        self._depth = 0
+        self._flush: dict[str, Any] | None = None  # a flush plan launched, its commit not yet seen
+
+    def closing_provenance(self) -> dict[str, Any]:
+        return {"layers_seen": max(len(seen) for seen in self._layers.values())}
+
+    # -- routing ----------------------------------------------------------------------
+
+    def on_layer(self, **tensors: torch.Tensor | None) -> bool:
+        """Whether a call on these buffers (``checkpoint_state``, ``pending``) is on the chosen
+        layer; a call on neither is once that layer's buffers are bound (or for layer 0)."""
+        picks = []
+        for kind, t in tensors.items():
+            if t is None:
+                continue
+            seen, key = self._layers[kind], (t.data_ptr(), t.device)
+            if key not in seen:
+                seen.append(key)
+            picks.append(seen.index(key) == self.layer)
+        if picks:
+            return all(picks)
+        return self.layer == 0 or any(role in self._bound for role in self._layers)
+
+    def call_function(self, name: str, originals: SimpleNamespace, args: tuple, kwargs: dict):
+        """A patched function's call: recorded through ``originals`` (the module's own)."""
+        original = getattr(originals, name)
+        if self._depth:
+            return original(*args, **kwargs)
+        if capturing():
+            self.skip("captured")
+            return original(*args, **kwargs)
+        bound = dict(_SIGNATURES[name].bind(self, *args, **kwargs).arguments)
+        del bound["self"]
+        if not self.on_layer(checkpoint_state=bound.get("checkpoint_state"), pending=bound.get("pending")):
+            self.skip("other_layer")
+            return original(*args, **kwargs)
+        missing = [part for part in FUSED_PARTS.get(name, ()) if not callable(getattr(originals, part, None))]
+        if missing:  # the state it changes unrecorded: the trace ends before it
+            self.stopped = self.stopped or f"{name} without {' and '.join(missing)}"
+            return original(*args, **kwargs)
+        if name != "kda_recoverssm_commit":
+            self._drop_flush()
+        self._depth += 1
+        saved, self.impl = self.impl, originals
+        try:
+            if name == "kda_recoverssm_commit" and self._flush is not None:
+                return self._finish_flush(original, bound)
+            return getattr(self, name)(*args, **kwargs)
+        finally:
+            self.impl = saved
+            self._depth -= 1
+
+    def launch_kernel(self, name: str, launch, grid, args: tuple, kwargs: dict):
+        """A patched raw kernel's ``kernel[grid](*args, **kwargs)``: run, and recorded."""
+        if self._depth:
+            return launch(*args, **kwargs)
+        if capturing():
+            self.skip("captured")
+            return launch(*args, **kwargs)
+        p = {**dict(zip(RAW_KERNELS[name], args)), **kwargs}
+        if not self.on_layer(pending=p["pending_ptr"]):
+            self.skip("other_layer")
+            return launch(*args, **kwargs)
+        if not (isinstance(grid, (tuple, list)) and len(grid) == 1):  # not one program a row: rows unknown
+            self.stopped = self.stopped or f"{name} launched on a grid other than (rows,)"
+            return launch(*args, **kwargs)
+        B = int(grid[0])
+        state_indices = torch.as_strided(p["state_indices_ptr"], (B,), (int(p["stride_state_indices"]),),
+                                         p["state_indices_ptr"].storage_offset())
+        self._drop_flush()
+        self._depth += 1
+        try:
+            if name == "_defer_commit_kernel":
+                return self._record_defer(launch, args, kwargs, B, state_indices, p)
+            return self._start_flush(launch, args, kwargs, B, state_indices, p)
+        finally:
+            self._depth -= 1
+
+    def _drop_flush(self) -> None:
+        """A flush plan whose commit never came: not an event (counted)."""
+        if self._flush is not None:
+            self._flush = None
+            self.skip("flush_plan_without_commit")
+
+    # -- the raw kernels' events --------------------------------------------------------
+
+    def _plan_column(self, field: str, t: torch.Tensor) -> torch.Tensor:
+        """The bound plan column that ``t`` starts (an engine may pass its first B rows)."""
+        bound = self._bound.get(f"plan.{field}")
+        if bound is not None and bound.data_ptr() == t.data_ptr() and bound.numel() >= t.numel():
+            return bound
+        return t
+
+    def _record_defer(self, launch, args, kwargs, B, state_indices, p):
+        commit_lens, pending, eager = self._plan_column("commit_lens", p["commit_lens_ptr"]), p["pending_ptr"], \
+            p["eager_ptr"]
+        bind = {"plan.commit_lens": commit_lens, "pending": pending}
+        if not self._wants("defer", bind, None, None, lower_bound_used=False):
+            return launch(*args, **kwargs)
+        inputs = {"state_indices": state_indices, "record_rows": p["record_rows_ptr"][:B],
+                  "eager": None if eager is None else eager[:B]}
+        event = self._begin("defer", inputs, {}, None, None, bind)
+        result = self._call(event, lambda: launch(*args, **kwargs))
+        self._end(event, {"pending": pending, "commit_lens": commit_lens[:B]})
+        return result
+
+    def _start_flush(self, launch, args, kwargs, B, state_indices, p):
+        """Run the flush plan; the event is written when its commit comes (``_finish_flush``),
+        with ``pending`` as it was before this launch."""
+        plan = {f: self._plan_column(f, p[f"{f}_ptr"]) for f in PLAN_FIELDS}
+        bind = {**{f"plan.{f}": t for f, t in plan.items()}, "pending": p["pending_ptr"]}
+        if not self._wants("flush", bind, None, None, lower_bound_used=False):
+            return launch(*args, **kwargs)
+        before = {"pending": p["pending_ptr"].clone(), **{f"plan.{f}": t.clone() for f, t in plan.items()}}
+        result = launch(*args, **kwargs)
+        self._flush = {"state_indices": state_indices, "record_rows": p["record_rows_ptr"][:B], "plan": plan,
+                       "pending": p["pending_ptr"], "before": before}
+        return result
+
+    def _finish_flush(self, commit, a: dict[str, Any]):
+        """The commit after a flush plan: one flush event over both, when it commits that plan
+        for those rows; else the flush plan is dropped (counted) and the commit recorded."""
+        flush, self._flush = self._flush, None
+        plan = a["plan"]
+        rows = a.get("record_indices")
+        same = (rows is not None and plan.commit_lens.data_ptr() == flush["plan"]["commit_lens"].data_ptr()
+                and torch.equal(rows[: flush["record_rows"].shape[0]].cpu(), flush["record_rows"].cpu())
+                and torch.equal(a["state_indices"].cpu(), flush["state_indices"].cpu()))
+        if not same:
+            self.skip("flush_plan_without_commit")
+            return self.kda_recoverssm_commit(**a)
+        pool, records, pending = a["checkpoint_state"], a["records"], flush["pending"]
+        bind = {"checkpoint_state": pool, "records.correction": records.correction,
+                "records.key_gate": records.key_gate, "A_log": a["A_log"], "dt_bias": a["dt_bias"],
+                **{f"plan.{f}": t for f, t in flush["plan"].items()}, "pending": pending}
+        run = functools.partial(commit, pool, records, a["A_log"], a["dt_bias"], a["lower_bound"],
+                                a["state_indices"], plan, record_indices=rows)
+        if not self._wants("flush", bind, a["lower_bound"], None):
+            return run()
+        # the event begins where the flush plan launch did: its snapshots and writes see the
+        # counts and plan columns from before it (a kernel that consumes counts shows as one)
+        after = {role: bind[role].clone() for role in flush["before"]}
+        for role, t in flush["before"].items():
+            bind[role].copy_(t)
+        try:
+            event = self._begin("flush", {"state_indices": flush["state_indices"],
+                                          "record_rows": flush["record_rows"]}, {"consume_pending": False},
+                                flush["state_indices"], flush["record_rows"], bind, (a["lower_bound"],))
+        finally:
+            for role, t in after.items():
+                bind[role].copy_(t)
+        result = self._call(event, run)
+        slots = written_slots(plan, flush["state_indices"], flush["record_rows"])
+        self._end(event, {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)],
+                          "pending": pending})
+        return result
+
+
+_SIGNATURES = {name: inspect.signature(getattr(Recorder, name)) for name in FUNCTIONS}
+
+
+class RecordedKernel:
+    """A raw kernel whose ``kernel[grid](...)`` launches are recorded; anything else is the
+    kernel's own."""
+
+    def __init__(self, kernel, name: str, recorder: PatchRecorder):
+        self.kernel, self.name, self.recorder = kernel, name, recorder
+        setattr(self, _RECORDED, True)
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *args, **kwargs: self.recorder.launch_kernel(self.name, launch, grid, args, kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.kernel, name)
+
+
+def patch_module(module: ModuleType, recorder: PatchRecorder) -> list[str]:
+    """Replace ``module``'s API functions and raw kernels in place; return the names replaced.
+    Names that are already recorded (imported from another patched module) are left alone."""
+    originals = SimpleNamespace(**{n: getattr(module, n) for n in FUNCTIONS if callable(getattr(module, n, None))})
+    replaced = []
+    for name, original in vars(originals).items():
+        if getattr(original, _RECORDED, False):
+            continue
+
+        def recorded(*args, _name=name, **kwargs):
+            return recorder.call_function(_name, originals, args, kwargs)
+
+        functools.update_wrapper(recorded, original)
+        setattr(recorded, _RECORDED, True)
+        setattr(module, name, recorded)
+        replaced.append(name)
+    for name in RAW_KERNELS:
+        kernel = getattr(module, name, None)
+        if kernel is not None and not getattr(kernel, _RECORDED, False):
+            setattr(module, name, RecordedKernel(kernel, name, recorder))
+            replaced.append(name)
+    return replaced
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, recorder: PatchRecorder):
+        self.loader, self.recorder = loader, recorder
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        patch_module(module, self.recorder)
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+
+class PatchFinder(importlib.abc.MetaPathFinder):
+    """Finds the named modules through the other finders and patches them once they ran."""
+
+    def __init__(self, names: list[str], recorder: PatchRecorder):
+        self.names, self.recorder, self._finding = set(names), recorder, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names or self._finding:
+            return None
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader, self.recorder)
+        return spec
+
+
+def install(recorder: PatchRecorder, names: list[str]) -> PatchFinder:
+    """Patch ``names`` now where imported, and on import from now on."""
+    finder = PatchFinder(names, recorder)
+    sys.meta_path.insert(0, finder)
+    for name in names:
+        if name in sys.modules:
+            patch_module(sys.modules[name], recorder)
+    return finder
+
+
+def parse_names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def install_from_env() -> PatchRecorder | None:
+    """In a process started with ``KDA_RECORD`` and ``KDA_RECORD_PATCH`` set: one recorder for
+    the process (also what ``traces.record.recorder.api()`` returns), merged at exit."""
+    import traces.record.recorder as record
+
+    path, names = os.environ.get(record.ENV_PATH), parse_names(os.environ.get(ENV_PATCH, ""))
+    if not path or not names:
+        return None
+    try:
+        layer = int(os.environ.get(ENV_LAYER, "0"))
+    except ValueError:
+        raise RecordError(f"{ENV_LAYER}={os.environ[ENV_LAYER]}: expected an integer") from None
+    recorder = PatchRecorder(path, names, layer, **record.options_from_env())
+    record._process_recorder = recorder
+    atexit.register(record._close_at_exit, recorder)
+    install(recorder, names)
+    return recorder
+
+
+__all__ = ["BOOT_DIR", "ENV_LAYER", "ENV_PATCH", "FUNCTIONS", "RAW_KERNELS", "PatchFinder", "PatchRecorder",
+           "RecordedKernel", "install", "install_from_env", "parse_names", "patch_module"]

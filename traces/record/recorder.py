@@ -1,0 +1,354 @@
+"""Recording the kernel calls of a live process into a trace (format v1).
+
+``Recorder(path, impl)`` exposes the kernel API of ``impl`` (``kernels`` by default; any
+spec ``traces.impl.loader.load_impl`` accepts, or a module object) and forwards every call to it.
+Each recorded call becomes one event:
+
+- before the call, its inputs and the first-seen contents of every buffer region it may
+  touch (state slots, record rows; pending counts, plan and parameters whole; whole pools
+  with ``snapshot="all"``) are written to ``<path>.shards/NNNNNN.in.safetensors``;
+- after it returns, its results (the event's expected tensors, as ``kda replay``
+  compares them) go to ``NNNNNN.out.safetensors``.
+
+Shards are written atomically, so a process that dies leaves every completed event (and
+the inputs of the call it died in) on disk; ``close()`` (or ``kda record merge``) merges
+them into one trace: initial buffers assembled from the first-seen contents (zeros where
+nothing was seen), events in order. A trace holds one set of buffers: the first pool,
+records, pending counts, plan and parameters the recorder sees are bound, and calls on
+other buffers (another layer) are passed through unrecorded and counted.
+
+Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
+call is forwarded as it is, so the graph captures what it would without the recorder, and
+counted in ``skipped_calls`` as ``captured`` (one line on stderr says so). What the graph's
+replays change in the buffers reaches the trace as ``write`` events, as every write outside
+the recorded calls does (``traces.record.events``). The bookkeeping of events (bound buffers, first-seen
+snapshots, shards, caps, merge) is ``traces.record.events.EventRecorder``, which ``Recorder``
+maps the kernel API onto. A program that was not edited is recorded by patching its
+modules (``traces.record.patch``).
+
+``record_trace(path, ...)`` is the context-manager form. ``api()`` is the hook a process
+uses to get the kernel API: the plain implementation, or, when ``KDA_RECORD`` names a
+trace file, a process-wide recorder closed at exit (options: ``KDA_RECORD_IMPL``,
+``KDA_RECORD_OPS``, ``KDA_RECORD_MAX_EVENTS``, ``KDA_RECORD_MAX_MB``, ``KDA_RECORD_SNAPSHOT``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from traces.record.events import EventRecorder, shards_dir
+from traces.format.schema import NULL_ID, PLAN_FIELDS
+from traces.record.shards import MergeResult, RecordError, merge_shards
+
+ENV_PATH = "KDA_RECORD"
+
+CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded; what the "
+                 "graph's replays change in the buffers is recorded as writes, so replays stay exact but those "
+                 "calls are not checked; to check them run the engine eagerly (e.g. vLLM's --enforce-eager)")
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (the host must not touch it)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class Recorder(EventRecorder):
+    """The kernel API of ``impl``, recording every call into ``path`` (see the module docstring;
+    options as ``EventRecorder``'s). Other attributes (buffer classes, ``NULL_BLOCK_ID``) come
+    from ``impl``.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "impl":  # not set yet: never recurse
+            raise AttributeError(name)
+        return getattr(self.impl, name)
+
+    # -- the kernel API ---------------------------------------------------------------
+
+    def kda_recoverssm_verify(self, q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                              records, query_start_loc, state_indices, spec_query_len, out=None, record_indices=None):
+        def run():
+            return self.impl.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+                                                   checkpoint_state, records, query_start_loc, state_indices,
+                                                   spec_query_len, out=out, record_indices=record_indices)
+
+        bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias)}
+        if not self._wants("verify", bind, lower_bound, spec_query_len):
+            return run()
+        rows = _rows_or_default(record_indices, state_indices)
+        event = self._begin("verify", {"q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
+                                       "query_start_loc": query_start_loc, "state_indices": state_indices,
+                                       "record_indices": record_indices}, {}, state_indices, rows, bind, (lower_bound,))
+        result = self._call(event, run)
+        written = rows.long().clamp(min=0)
+        self._end(event, {"out": result, "records.correction": records.correction[written],
+                          "records.key_gate": records.key_gate[written]})
+        return result
+
+    def kda_recoverssm_plan(self, plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                            block_table=None, num_computed=None, block_size=None):
+        def run():
+            return self.impl.kda_recoverssm_plan(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                                 block_table, num_computed, block_size)
+
+        bind = _plan(plan)
+        if not self._wants("plan", bind, None, spec_query_len, lower_bound_used=False):
+            return run()
+        attrs = {"block_size": int(block_size)} if block_table is not None else {}
+        event = self._begin("plan", {"num_accepted": num_accepted, "query_start_loc": query_start_loc,
+                                     "state_indices": state_indices, "block_table": block_table,
+                                     "num_computed": num_computed}, attrs, None, None, bind)
+        result = self._call(event, run)
+        B = state_indices.shape[0]
+        self._end(event, {f: getattr(plan, f)[:B] for f in PLAN_FIELDS})
+        return result
+
+    def kda_recoverssm_defer(self, plan, state_indices, record_rows, pending, eager=None):
+        def run():
+            return self.impl.kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
+
+        bind = {**_plan(plan), "pending": pending}
+        if not self._wants("defer", bind, None, None, lower_bound_used=False):
+            return run()
+        event = self._begin("defer", {"state_indices": state_indices, "record_rows": record_rows, "eager": eager},
+                            {}, None, None, bind)
+        result = self._call(event, run)
+        self._end(event, {"pending": pending, "commit_lens": plan.commit_lens[: state_indices.shape[0]]})
+        return result
+
+    def kda_recoverssm_commit(self, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
+                              record_indices=None):
+        def run():
+            return self.impl.kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound,
+                                                   state_indices, plan, record_indices)
+
+        bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias), **_plan(plan)}
+        if not self._wants("commit", bind, lower_bound, None):
+            return run()
+        rows = _rows_or_default(record_indices, state_indices)
+        targets = written_slots(plan, state_indices, rows)
+        touched = torch.cat([state_indices.reshape(-1).cpu().long(), targets])
+        event = self._begin("commit", {"state_indices": state_indices, "record_indices": record_indices}, {},
+                            touched, rows, bind, (lower_bound,))
+        result = self._call(event, run)
+        self._end(event, _states(checkpoint_state, targets))
+        return result
+
+    def kda_recoverssm_flush(self, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
+                             pending, plan, consume_pending=True):
+        keep = {} if consume_pending else {"consume_pending": False}  # an implementation may not know the option
+
+        def run():
+            return self.impl.kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound,
+                                                  state_indices, record_rows, pending, plan, **keep)
+
+        bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias),
+                **_plan(plan), "pending": pending}
+        if not self._wants("flush", bind, lower_bound, None):
+            return run()
+        event = self._begin("flush", {"state_indices": state_indices, "record_rows": record_rows},
+                            {"consume_pending": bool(consume_pending)}, state_indices, record_rows, bind,
+                            (lower_bound,))
+        result = self._call(event, run)
+        self._end(event, {**_states(checkpoint_state, written_slots(plan, state_indices, record_rows)),
+                          "pending": pending})
+        return result
+
+    def kda_recoverssm_flush_verify(self, q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                                    records, query_start_loc, state_indices, spec_query_len, record_rows, pending,
+                                    plan, out=None):
+        """Recorded as what it stands for, a flush and then a verify of the same rows: two
+        events, run as two calls so that the state between them is observed."""
+        if capturing():  # the graph gets the fused call, as without the recorder
+            self.skip("captured")
+            return self.impl.kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
+                                                         checkpoint_state, records, query_start_loc, state_indices,
+                                                         spec_query_len, record_rows, pending, plan, out=out)
+        self.kda_recoverssm_flush(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
+                                  pending, plan)
+        return self.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
+                                          records, query_start_loc, state_indices, spec_query_len, out=out,
+                                          record_indices=record_rows)
+
+    def kda_recoverssm_plan_deferred(self, plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                     record_rows, pending, eager=None, block_table=None, num_computed=None,
+                                     block_size=None):
+        """Recorded as what it stands for, a plan and then a deferral: two events."""
+        if capturing():
+            self.skip("captured")
+            return self.impl.kda_recoverssm_plan_deferred(plan, num_accepted, query_start_loc, state_indices,
+                                                          spec_query_len, record_rows, pending, eager, block_table,
+                                                          num_computed, block_size)
+        rows = self.kda_recoverssm_plan(plan, num_accepted, query_start_loc, state_indices, spec_query_len,
+                                        block_table, num_computed, block_size)
+        self.kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
+        return rows
+
+    # -- recording --------------------------------------------------------------------
+
+    def _wants(self, op: str, bind: dict[str, torch.Tensor], lower_bound, spec_query_len,
+               lower_bound_used: bool = True) -> bool:
+        """Whether to record this call: not inside a CUDA graph capture (``capturing``),
+        recording, op kept, and the buffers the bound ones."""
+        if capturing():
+            self.skip("captured")
+            return False
+        if self.closed or self.stopped or op not in self.ops:
+            self.skipped[op] = self.skipped.get(op, 0) + 1
+            return False
+        same = all(_same(self._bound[r], t) for r, t in bind.items() if r in self._bound)
+        if lower_bound_used and self._lower_bound is not None:
+            same = same and self._lower_bound == (lower_bound,)
+        correction = self._bound.get("records.correction")
+        if spec_query_len is not None and correction is not None:
+            same = same and correction.shape[2] == spec_query_len
+        if not same:
+            self.skipped[op] = self.skipped.get(op, 0) + 1
+            return False
+        return True
+
+    def skip(self, reason: str) -> None:
+        """Count a call passed through unrecorded under ``reason`` (``skipped_calls``); the
+        first captured one says on stderr how captured steps can be recorded."""
+        if reason == "captured" and "captured" not in self.skipped:
+            print(CAPTURED_NOTE, file=sys.stderr)
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def bind(self, checkpoint_state, records, pending, plan, A_log, dt_bias, lower_bound) -> None:
+        """Declare the buffers of the trace before the first call (else each is bound when
+        first seen), so that a trace of plans or defers alone still carries them all."""
+        for role, t in {"checkpoint_state": checkpoint_state, **_records(records), "pending": pending,
+                        **_plan(plan), **_params(A_log, dt_bias)}.items():
+            self._bind(role, t)
+        self._lower_bound = (lower_bound,)
+
+
+def _records(records) -> dict[str, torch.Tensor]:
+    return {"records.correction": records.correction, "records.key_gate": records.key_gate}
+
+
+def _params(A_log, dt_bias) -> dict[str, torch.Tensor]:
+    return {"A_log": A_log, "dt_bias": dt_bias}
+
+
+def _plan(plan) -> dict[str, torch.Tensor]:
+    return {f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
+def _rows_or_default(record_indices, state_indices) -> torch.Tensor:
+    if record_indices is not None:
+        return record_indices
+    return torch.arange(state_indices.shape[0], dtype=torch.int32)
+
+
+def written_slots(plan, state_indices, record_rows) -> torch.Tensor:
+    """Distinct slots a commit with this plan writes (docs/design.md §6), in row order (int64, CPU)."""
+    B = state_indices.shape[0]
+    n = plan.commit_lens[:B].cpu().long()
+    slots, rows = state_indices.reshape(-1).cpu().long(), record_rows.reshape(-1).cpu().long()
+    final, boundary = plan.final_state_indices[:B].cpu().long(), plan.boundary_state_indices[:B].cpu().long()
+    recovery = plan.boundary_recovery_lens[:B].cpu().long()
+    out: list[int] = []
+    for b in range(B):
+        if n[b] > 0 and slots[b] > NULL_ID and rows[b] >= 0:
+            for s, ok in ((int(final[b]), True), (int(boundary[b]), 1 <= recovery[b] <= n[b])):
+                if s > NULL_ID and ok and s not in out:
+                    out.append(s)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)]}
+
+
+def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=None, snapshot: str = "touched") -> None:
+    """Play ``tape`` (a ``traces.format.tape.Tape``) through ``api`` under a recorder writing ``path``,
+    so that what ``api`` computes becomes the expected results. ``bufs``: the buffers to
+    play on (default: fresh ``initial_buffers``); the recorder binds them up front.
+    ``snapshot``: the recorder's (``all`` keeps the initial buffers whole)."""
+    from traces.format.tape import initial_buffers, play
+
+    bufs = bufs or initial_buffers(tape, api, device)
+    with Recorder(path, api, snapshot=snapshot) as rec:
+        rec.bind(bufs.pool, bufs.records, bufs.pending, bufs.plan, bufs.A_log, bufs.dt_bias, tape.lower_bound)
+        play(tape, rec, device, bufs=bufs)
+
+
+# -- the process hook --------------------------------------------------------------------
+
+@contextmanager
+def record_trace(path: str | os.PathLike, impl: str | ModuleType = "kernels", **options: Any) -> Iterator[Recorder]:
+    """``with record_trace(path) as api:`` record every call made through ``api``; the trace
+    is merged on exit, also when the block raises (then a merge failure is not raised)."""
+    recorder = Recorder(path, impl, **options)
+    try:
+        yield recorder
+    except BaseException:
+        try:
+            recorder.close()
+        except RecordError:
+            pass
+        raise
+    recorder.close()
+
+
+_process_recorder: Recorder | None = None
+
+
+def api(impl: str = "kernels"):
+    """The kernel API this process should call: ``impl`` itself, or, when ``KDA_RECORD``
+    names a trace file, one recorder over it for the whole process, merged at exit."""
+    global _process_recorder
+    path = os.environ.get(ENV_PATH)
+    if not path:
+        from traces.impl.loader import load_impl
+
+        return load_impl(impl)
+    if _process_recorder is None:
+        _process_recorder = Recorder(path, os.environ.get("KDA_RECORD_IMPL", impl), **options_from_env())
+        atexit.register(_close_at_exit, _process_recorder)
+    return _process_recorder
+
+
+def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Recorder options from ``KDA_RECORD_OPS`` (comma-separated), ``KDA_RECORD_MAX_EVENTS``,
+    ``KDA_RECORD_MAX_MB`` and ``KDA_RECORD_SNAPSHOT`` of ``env`` (default: this process's
+    environment); raises ``RecordError`` on a value that is not a number."""
+    env = os.environ if env is None else env
+    options: dict[str, Any] = {}
+    if env.get("KDA_RECORD_OPS"):
+        options["ops"] = [op.strip() for op in env["KDA_RECORD_OPS"].split(",") if op.strip()]
+    if env.get("KDA_RECORD_SNAPSHOT"):
+        options["snapshot"] = env["KDA_RECORD_SNAPSHOT"]
+    for var, key, scale in (("KDA_RECORD_MAX_EVENTS", "max_events", 1), ("KDA_RECORD_MAX_MB", "max_bytes", 2**20)):
+        if env.get(var):
+            try:
+                options[key] = int(float(env[var]) * scale)
+            except (ValueError, OverflowError):  # not a number, or infinite
+                raise RecordError(f"{var}={env[var]}: expected a number") from None
+    return options
+
+
+def _close_at_exit(recorder: Recorder) -> None:
+    try:
+        result = recorder.close()
+    except RecordError as exc:
+        print(f"kda record: {exc}", file=sys.stderr)
+        return
+    if result is not None:
+        print(f"kda record: wrote {result.path} ({result.events} events)", file=sys.stderr)
+
+
+__all__ = ["ENV_PATH", "MergeResult", "RecordError", "Recorder", "api", "merge_shards", "options_from_env",
+           "record_play", "record_trace", "shards_dir", "written_slots"]

@@ -1,0 +1,137 @@
+"""Recording a command: run it with the recorder switched on, and merge what it left.
+
+``record_command`` is what ``kda record run`` does. The child gets ``KDA_RECORD`` and the
+recorder options in its environment; with ``patches`` it also gets ``KDA_RECORD_PATCH`` and
+the start-up hook of ``traces.record.patch``, so an unedited program is recorded. On a machine
+without a CUDA device the child's Triton kernels run through the interpreter
+(``TRITON_INTERPRET=1``) unless the environment already says otherwise.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from traces.format.exit_status import how_it_ended
+from traces.impl.loader import names_a_file
+from traces.record.recorder import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
+from traces.record.events import check_options, stale_shards
+
+
+class RecordRunError(Exception):
+    """The command ran but left no usable trace; the message says why."""
+
+
+@dataclass
+class RecordedRun:
+    result: MergeResult | None
+    """The trace written, or None when nothing was recorded."""
+    exit_status: int
+    merged_from_shards: bool
+    """The program died before its recorder merged; its shards were merged after it."""
+    interpreter: bool
+    """``TRITON_INTERPRET=1`` was set for the child (no CUDA device here)."""
+
+
+def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max_events: int | None = None,
+              max_mb: float | None = None, snapshot: str = "touched", patches: Sequence[str] = (),
+              layer: int = 0, base: dict[str, str] | None = None) -> tuple[dict[str, str], bool]:
+    """The child's environment, and whether it chose the Triton interpreter."""
+    from traces.record.patch import BOOT_DIR, ENV_LAYER, ENV_PATCH
+
+    env = dict(os.environ if base is None else base)
+    env.update({ENV_PATH: str(Path(out).resolve()), "KDA_RECORD_SNAPSHOT": snapshot})
+    for var, value in (("KDA_RECORD_IMPL", impl), ("KDA_RECORD_OPS", ops), ("KDA_RECORD_MAX_EVENTS", max_events),
+                       ("KDA_RECORD_MAX_MB", max_mb)):
+        if value is not None:
+            env[var] = str(value)
+    if patches:
+        root = str(BOOT_DIR.parents[2])  # where ``traces`` and ``kernels`` are importable from
+        env.update({ENV_PATCH: ",".join(patches), ENV_LAYER: str(layer),
+                    "PYTHONPATH": os.pathsep.join(p for p in (str(BOOT_DIR), root, env.get("PYTHONPATH")) if p)})
+    interpreter = False
+    if "TRITON_INTERPRET" not in env:
+        import torch
+
+        if not torch.cuda.is_available():
+            env["TRITON_INTERPRET"] = "1"
+            interpreter = True
+    return env, interpreter
+
+
+def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_stderr: bool = False,
+                   **options) -> RecordedRun:
+    """Run ``command`` recording into ``out`` (``options``: those of ``child_env``); the
+    child's stdout goes to stderr with ``output_to_stderr``. Raises ``RecordError`` before
+    running (bad options, leftover shards, a command that cannot start) and
+    ``RecordRunError`` when the shards it left cannot be merged or what it left is no trace.
+    The recorder's options are checked before the command starts, as its recorder will check
+    them (an ``impl`` module name only there: the command may import from elsewhere)."""
+    out = Path(out)
+    if not command:
+        raise RecordError("no command to run: kda record run OUT -- COMMAND [ARGS]")
+    if options.get("layer", 0) < 0:
+        raise RecordError(f"--layer {options['layer']}: expected a layer number >= 0")
+    if options.get("layer", 0) and not options.get("patches"):
+        raise RecordError("--layer needs --patch: a program that records through traces.record.recorder.api() binds the "
+                          "first set of buffers it uses")
+    if shards_dir(out).exists():
+        raise RecordError(stale_shards(out))
+    impl = options.get("impl")
+    if impl is not None and names_a_file(impl) and not Path(impl).is_file():
+        raise RecordError(f"--impl {impl}: no such file")
+    env, interpreter = child_env(out, **options)
+    check_options(**options_from_env(env))  # as the child's recorder will, once the program has started
+    before = _identity(out)
+    code = _run(list(command), env, output_to_stderr)
+    if shards_dir(out).exists():  # the program died before the recorder could merge
+        try:
+            result = merge_shards(shards_dir(out), out)
+        except RecordError as exc:
+            raise RecordRunError(f"the command {how_it_ended(code)}; {exc}") from None
+        shutil.rmtree(shards_dir(out), ignore_errors=True)  # merged: as the recorder's own close does
+        return RecordedRun(result, code, True, interpreter)
+    if _identity(out) in (None, before):  # nothing written, or only the file that was there before
+        return RecordedRun(None, code, False, interpreter)
+    from traces.format.io import read_trace
+    from traces.format.schema import TraceError
+
+    try:
+        with read_trace(out) as trace:
+            events = len(trace.events)
+    except TraceError as exc:
+        raise RecordRunError(f"the command {how_it_ended(code)} and left {out}, not a trace: {exc}") from None
+    return RecordedRun(MergeResult(out, events, None, 0), code, False, interpreter)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """A file's inode, modification time and size (None when there is none): a trace
+    written by the command, even over an older one, has another."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def _run(command: list[str], env: dict[str, str], output_to_stderr: bool) -> int:
+    try:
+        if not output_to_stderr:
+            return subprocess.call(command, env=env)
+        try:
+            return subprocess.call(command, env=env, stdout=sys.stderr.fileno())
+        except (AttributeError, io.UnsupportedOperation):  # stderr is not a file (captured): relay it
+            done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
+            sys.stderr.write(done.stdout)
+            return done.returncode
+    except OSError as exc:
+        raise RecordError(f"cannot run {command[0]}: {exc}") from None
+
+
+__all__ = ["RecordRunError", "RecordedRun", "child_env", "record_command"]

@@ -1,0 +1,295 @@
+"""The replay engine: run a trace's events through an implementation and compare.
+
+Buffers start from the trace's initial buffers and evolve under the implementation's own
+ops (they are never reset to the expected values), so an error shows where it first
+appears and keeps showing in what depends on it. After each event, what it wrote is
+compared with the event's expected tensors; after the last, the final buffers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from traces.replay.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
+from traces.format.io import Trace
+from traces.format.schema import BUFFERS, PLAN_FIELDS, Event, TraceError
+from traces.impl.surface import op_routes
+from traces.format.tape import event_call, trace_buffers
+
+EXACT_ROLES = ("records.key_gate",)
+"""Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""
+
+
+class ReplayFailure(Exception):
+    """The implementation raised (or the device failed) while running an event."""
+
+
+@dataclass
+class EventReport:
+    index: int
+    op: str
+    comparisons: list[Comparison]
+    seconds: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+
+@dataclass
+class ReplayReport:
+    """What a replay found. ``events`` holds the compared events only; ``final`` is empty
+    when the replay stopped before the last event."""
+
+    trace: str
+    impl: str
+    device: str
+    tolerances: dict[str, Tolerance]
+    events: list[EventReport] = field(default_factory=list)
+    final: list[Comparison] = field(default_factory=list)
+    timed: bool = False
+    stopped_early: bool = False
+    event_range: tuple[int, int] = (0, 0)
+    routes: dict[str, str] = field(default_factory=dict)
+    """Op -> the implementation it ran through (``traces.impl.surface.op_routes``)."""
+
+    @property
+    def comparisons(self) -> list[Comparison]:
+        return [c for e in self.events for c in e.comparisons] + self.final
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per op: events, tensors compared, events with a mismatch, median milliseconds (GPU only)."""
+        out: dict[str, dict[str, Any]] = {}
+        for e in self.events:
+            row = out.setdefault(e.op, {"events": 0, "tensors": 0, "mismatched_events": 0, "_times": []})
+            row["events"] += 1
+            row["tensors"] += len(e.comparisons)
+            row["mismatched_events"] += 0 if e.passed else 1
+            if e.seconds is not None:
+                row["_times"].append(e.seconds * 1e3)
+        for row in out.values():
+            times = row.pop("_times")
+            row["median_ms"] = statistics.median(times) if times else None
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace, "impl": self.impl, "routes": self.routes, "device": self.device,
+            "passed": self.passed,
+            "tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in self.tolerances.items()},
+            "exact": ["integer tensors", *EXACT_ROLES],
+            "timing": "median of CUDA event times" if self.timed else
+                      "not measured: timings through the Triton interpreter or on the CPU are not meaningful",
+            "event_range": list(self.event_range), "stopped_early": self.stopped_early,
+            "summary": self.summary(),
+            "events": [{"index": e.index, "op": e.op, "passed": e.passed,
+                        "ms": None if e.seconds is None else e.seconds * 1e3,
+                        "tensors": [c.to_json() for c in e.comparisons]} for e in self.events],
+            "final": [c.to_json() for c in self.final],
+        }
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a signal raised as it) during a replay; ``report`` holds the events compared
+    before it."""
+
+    def __init__(self, report: "ReplayReport"):
+        super().__init__()
+        self.report = report
+
+
+def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
+           tolerances: dict[str, Tolerance] | None = None, events: tuple[int, int] | None = None,
+           stop_at_first: bool = False, progress: Callable[[int, int], None] | None = None) -> ReplayReport:
+    """Replay ``trace`` through ``impl`` (a module from ``traces.impl.loader.load_impl``) on ``device``.
+
+    ``events=(a, b)`` compares events ``a..b-1`` only; events before ``a`` still run, to
+    build the buffers. The final buffers are compared when the replay reaches the last
+    event. ``stop_at_first`` stops after the first event with a mismatch. Raises
+    ``ReplayFailure`` when the implementation raises, ``ReplayInterrupted`` (a
+    ``KeyboardInterrupt``, with the partial report) when interrupted.
+    """
+    n = len(trace.events)
+    start, stop = events if events is not None else (0, n)
+    tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+    timed = torch.device(device).type == "cuda"
+    name = impl_name or getattr(impl, "__name__", "?")
+    report = ReplayReport(str(trace.path), name, device, tol, timed=timed, event_range=(start, stop),
+                          routes=op_routes(impl, name))
+    state = _Buffers(trace, impl, device)
+    try:
+        stopped = _run_events(trace, state, report, start, stop, tol, timed, stop_at_first, progress)
+    except KeyboardInterrupt:
+        raise ReplayInterrupted(report) from None
+    if not stopped and stop == n and trace.manifest.final:
+        report.final = state.compare_final(tol)
+    return report
+
+
+def _run_events(trace: Trace, state: "_Buffers", report: ReplayReport, start: int, stop: int,
+                tol: dict[str, Tolerance], timed: bool, stop_at_first: bool,
+                progress: Callable[[int, int], None] | None) -> bool:
+    """Run events ``0..stop-1`` on ``state``, comparing those from ``start`` into ``report``;
+    whether ``stop_at_first`` stopped it at a mismatch."""
+    n = len(trace.events)
+    for i in range(stop):
+        event = trace.events[i]
+        try:
+            seconds = state.run(i, event, timed)
+            if i >= start:
+                report.events.append(EventReport(i, event.op, state.compare_event(i, event, tol), seconds))
+        except (ReplayFailure, TraceError):
+            raise
+        except Exception as exc:  # whatever the implementation raises (a Triton error is not a RuntimeError)
+            raise ReplayFailure(f"event {i} ({event.op}): {type(exc).__name__}: {exc}") from exc
+        if progress is not None:
+            progress(i + 1, stop)
+        if stop_at_first and report.events and not report.events[-1].passed:
+            report.stopped_early = i + 1 < n
+            return True
+    return False
+
+
+def _tolerance(role: str, dtype: torch.dtype, tol: dict[str, Tolerance]) -> Tolerance:
+    if not dtype.is_floating_point or role in EXACT_ROLES:
+        return EXACT
+    return tol[str(dtype).removeprefix("torch.")]
+
+
+class _Buffers:
+    """The evolving buffers of one replay, on the device, and the ops that change them."""
+
+    def __init__(self, trace: Trace, impl: ModuleType, device: str):
+        m = trace.manifest
+        self.trace, self.impl, self.device = trace, impl, device
+        self.T, self.K, self.lower_bound = m.dims.T, m.dims.K, m.lower_bound
+        self.bufs = trace_buffers(trace, impl, device)
+
+    def run(self, index: int, event: Event, timed: bool) -> float | None:
+        """Run one event on the buffers; return its GPU time in seconds when ``timed``."""
+        x = {role: t.to(self.device) for role, t in self.trace.tensors(event.inputs).items()}
+        if event.op == "verify":
+            self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
+        call = event_call(self.impl, event.op, x, event.attrs, self.bufs, self.T, self.lower_bound,
+                          out=self.out if event.op == "verify" else None)
+        if not timed:
+            call()
+            return None
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        call()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
+
+    # -- comparison -------------------------------------------------------------------
+
+    def compare_event(self, index: int, event: Event, tol: dict[str, Tolerance]) -> list[Comparison]:
+        if not event.expected:
+            return []
+        base = {"event": index, "op": event.op}
+        cpu = self.trace.tensors(event.inputs)
+        slots = cpu["state_indices"].long()
+        batch = slots.shape[0]
+        rec_key = "record_rows" if "record_rows" in cpu else "record_indices"
+        rec = cpu[rec_key].long() if rec_key in cpu else torch.arange(batch)
+        results = []
+        for role, name in event.expected.items():
+            if role == "slots":  # names the slots that "states" holds; nothing to compare
+                continue
+            expected = self.trace.tensor(name)
+            actual, mask, locate = self._actual(event, role, cpu, slots, rec, expected)
+            c = compare(actual, expected, _tolerance(role, expected.dtype, tol), tensor=name, role=role, mask=mask)
+            for bad in (c.first_bad, c.worst_bad):
+                if bad is not None:
+                    bad.coords = {**base, "tensor": role, **locate(bad.index)}
+            results.append(c)
+        return results
+
+    def _actual(self, event: Event, role: str, cpu: dict, slots, rec, expected):
+        """What the implementation holds for ``role``, the mask of compared elements, and a
+        function from an index of that tensor to named coordinates."""
+        K = self.K
+        batch = slots.shape[0]
+        if role == "out":
+            qsl = cpu["query_start_loc"].long()
+
+            def locate_token(i):
+                tok = i[1]
+                b = int(torch.searchsorted(qsl, torch.tensor(tok), right=True)) - 1
+                return {"batch_row": b, "slot": int(slots[b]), "token": tok, "t": tok - int(qsl[b]),
+                        "head": i[2], "v": i[3]}
+            return self.out, None, locate_token
+        if role.startswith("records."):
+            qsl = cpu["query_start_loc"].long()
+            lens = (qsl[1:] - qsl[:-1]).clamp(0, self.T)
+            written = (slots > 0) & (rec >= 0)
+            mask = (written[:, None] & (torch.arange(self.T)[None, :] < lens[:, None]))[:, None, :, None]
+            records = self.bufs.records
+            buf = records.correction if role == "records.correction" else records.key_gate
+            actual = buf[rec.clamp(min=0).to(buf.device)]
+
+            def locate_record(i):
+                b, h, t, j = i
+                where = {"batch_row": b, "slot": int(slots[b]), "record_row": int(rec[b]), "head": h, "t": t}
+                return {**where, **_record_lane(role, j, K)}
+            return actual, mask, locate_record
+        if role in PLAN_FIELDS:
+            return (getattr(self.bufs.plan, role)[:batch], None,
+                    lambda i: {"batch_row": i[0], "slot": int(slots[i[0]])})
+        if role == "pending":
+            return self.bufs.pending, None, lambda i: {"record_row": i[0]}
+        # states: the slots the op wrote, named by the expected "slots" tensor; the batch
+        # row is the first whose plan sends its fold there (None if the plan names none)
+        written = self.trace.tensor(event.expected["slots"]).long()
+        plan, pool = self.bufs.plan, self.bufs.pool
+        final = plan.final_state_indices[:batch].cpu().long()
+        boundary = plan.boundary_state_indices[:batch].cpu().long()
+
+        def locate_state(i):
+            slot = int(written[i[0]])
+            rows = ((final == slot) | (boundary == slot)).nonzero()
+            return {"batch_row": int(rows[0, 0]) if len(rows) else None, "slot": slot, "head": i[1], "v": i[2],
+                    "k": i[3]}
+        return pool[written.to(pool.device)], None, locate_state
+
+    def compare_final(self, tol: dict[str, Tolerance]) -> list[Comparison]:
+        actual = self.bufs.as_roles()
+        results = []
+        for role in BUFFERS:
+            name = self.trace.manifest.final[role]
+            expected = self.trace.tensor(name)
+            c = compare(actual[role], expected, _tolerance(role, expected.dtype, tol), tensor=name, role=role)
+            for bad in (c.first_bad, c.worst_bad):
+                if bad is not None:
+                    bad.coords = {"event": "final", "op": "-", "tensor": role, **_buffer_coords(role, bad.index, self.K)}
+            results.append(c)
+        return results
+
+
+def _record_lane(role: str, j: int, K: int) -> dict[str, Any]:
+    if role == "records.correction":
+        return {"v": j}
+    return {"part": "key" if j < K else "gate", "k": j % K}
+
+
+def _buffer_coords(role: str, i: tuple[int, ...], K: int) -> dict[str, Any]:
+    if role == "checkpoint_state":
+        return {"slot": i[0], "head": i[1], "v": i[2], "k": i[3]}
+    if role.startswith("records."):
+        return {"record_row": i[0], "head": i[1], "t": i[2], **_record_lane(role, i[3], K)}
+    if role == "pending":
+        return {"record_row": i[0]}
+    return {"plan_row": i[0]}
+
+
+__all__ = ["EventReport", "ReplayFailure", "ReplayReport", "replay"]
