@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from traces.record.watch import BufferWatch
-from traces.format.schema import NULL_ID, OPS, PLAN_FIELDS
+from traces.format.schema import KERNEL_OPS, NULL_ID, PLAN_FIELDS
 from traces.record.shards import MergeResult, RecordError, merge_shards, save_shard
 from traces.format.validate import dtype_name
 
@@ -42,9 +42,9 @@ def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | 
     """Raise ``RecordError`` for a recorder option out of range (``EventRecorder``'s options)."""
     if snapshot not in SNAPSHOTS:
         raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
-    unknown = [op for op in ops or () if op not in OPS]
+    unknown = [op for op in ops or () if op not in KERNEL_OPS]
     if unknown:
-        raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(OPS)}")
+        raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(KERNEL_OPS)}")
     for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
         if cap is not None and cap < 1:
             raise RecordError(f"{name} must be positive, got {cap}")
@@ -91,7 +91,7 @@ class EventRecorder:
         if self.shards.exists():
             raise RecordError(stale_shards(self.path))
         self.shards.mkdir(parents=True)
-        self.snapshot, self.ops = snapshot, tuple(ops) if ops else OPS
+        self.snapshot, self.ops = snapshot, tuple(ops) if ops else KERNEL_OPS
         self.max_events, self.max_bytes = max_events, max_bytes
         self.events = self.calls = self.bytes = 0
         self.skipped: dict[str, int] = {}
