@@ -386,3 +386,19 @@ def test_a_bad_forced_design_is_bad_input_before_any_work(value, named, tmp_path
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: KDA_DESIGN: unknown") and named in lines[0]
+
+
+def test_every_program_the_readme_runs_exists():
+    """The README's commands run files of the repository (its recording example once named a
+    ``serve.py`` that was not there) and patch modules that import."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    scripts = set(re.findall(r"python3 ((?:[\w.-]+/)*[\w.-]+\.(?:py|sh))", text))
+    scripts |= set(re.findall(r"(?:bash|sh) ((?:[\w.-]+/)+[\w.-]+\.sh)", text))
+    assert "examples/serve_engine.py" in scripts
+    missing = sorted(s for s in scripts if not (root / s).is_file() and not s.startswith("bug/"))
+    assert not missing, f"the README runs files the repository lacks: {missing}"
+    for module in set(re.findall(r"--patch ([a-z_][\w.]*)", text)):
+        assert importlib.util.find_spec(module) is not None, f"--patch {module}: no such module"
