@@ -33,12 +33,13 @@ def test_random_engine_schedules_replay_exactly(case, tmp_path, capsys, monkeypa
     ops = FILTERS[case] if case else None
     cap = rng.choice([None, rng.randint(4, 12)]) if case == 0 else None
     consume = rng.random() < 0.5
+    snapshot = "all" if case == 2 else "touched"
     path = tmp_path / "engine.safetensors"
-    with record_trace(path, "reference", ops=ops, max_events=cap) as api:
+    with record_trace(path, "reference", ops=ops, max_events=cap, snapshot=snapshot) as api:
         run_engine(api, seed, consume_pending=consume)
     with read_trace(path) as trace:
         ops_seen = [e.op for e in trace.events]
-    what = f"engine seed {seed}, ops {ops}, cap {cap}, consume_pending {consume}: {ops_seen}"
+    what = f"engine seed {seed}, ops {ops}, cap {cap}, snapshot {snapshot}, consume_pending {consume}: {ops_seen}"
     code, report = _replay(path, "reference", capsys, monkeypatch, exact=True)
     assert code == 0, f"{what}\n{report}"
     code, report = _replay(path, "triton", capsys, monkeypatch)

@@ -131,7 +131,8 @@ class EventRecorder:
             if t is not None:
                 tensors[f"in.{role}"] = _cpu(t)
         self._max_batch = max(self._max_batch, inputs["state_indices"].shape[0])
-        tensors.update(self._snapshots(slots, rows, bind, lower_bound))
+        snaps = self._snapshots(slots, rows, bind, lower_bound)
+        tensors.update(snaps)
         index = self.events
         meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
         self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
@@ -141,9 +142,9 @@ class EventRecorder:
             self.stopped = "max_events"
         elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
             self.stopped = "max_bytes"
-        every = self.snapshot == "all"
-        return _Event(index, undo, _all_or(every, touched_slots, self._seen_slots),
-                      _all_or(every, touched_rows, self._seen_rows))
+        # the trace now describes what the call touches and what it saw for the first time
+        return _Event(index, undo, _union(touched_slots, snaps.get("snap.slots")),
+                      _union(touched_rows, snaps.get("snap.rows")))
 
     def _call(self, event: "_Event", run):
         try:
@@ -304,9 +305,9 @@ class _Event:
     rows: list[int]
 
 
-def _all_or(every: bool, touched: list[int], seen: set[int]) -> list[int]:
-    """``touched``, or with ``snapshot="all"`` every index seen (the whole buffer)."""
-    return sorted(seen) if every else touched
+def _union(indices: list[int], seen: torch.Tensor | None) -> list[int]:
+    """``indices`` and those of a first-seen snapshot's index tensor, sorted."""
+    return sorted(set(indices) | set(seen.tolist() if seen is not None else ()))
 
 
 def _rows_of(index_role: str, role: str, buf: torch.Tensor, indices: list[int]) -> dict[str, torch.Tensor]:
