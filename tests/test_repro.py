@@ -118,7 +118,7 @@ def test_implementation_that_raises_is_shrunk_to_the_raising_call(recorded, tmp_
     assert code == 2 and err.strip().splitlines()[-1] == f"Error: --out {bundle}: is not an empty folder"
     code, out, err = run_kda([*again, "--force"], capsys, monkeypatch)
     assert code == 1 and (bundle / "report.md").read_text().startswith("#"), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "bundle"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "bundle", "corpus"]  # nothing left behind
 
 
 def test_repro_hides_the_interpreters_overflow_warnings(recorded, tmp_path):
