@@ -131,7 +131,7 @@ class EventRecorder:
             if t is not None:
                 tensors[f"in.{role}"] = _cpu(t)
         self._max_batch = max(self._max_batch, inputs["state_indices"].shape[0])
-        snaps = self._snapshots(slots, rows, bind, lower_bound)
+        snaps = self._snapshots(slots, rows, lower_bound)
         tensors.update(snaps)
         index = self.events
         meta = {"index": index, "op": op, "attrs": attrs, "context": self._context()}
@@ -182,14 +182,12 @@ class EventRecorder:
         if "checkpoint_state" in bound:
             changed_slots = watch.changed_rows("checkpoint_state", bound["checkpoint_state"], slots)
         if changed_slots:
-            tensors.update(_rows_of("slots", "states", bound["checkpoint_state"], changed_slots))
-        if "records.correction" in bound:
-            changed_rows = sorted(set(watch.changed_rows("records.correction", bound["records.correction"], rows))
-                                  | set(watch.changed_rows("records.key_gate", bound["records.key_gate"], rows)))
+            tensors.update(_rows_of("slots", {"states": bound["checkpoint_state"]}, changed_slots))
+        records = {role: bound[role] for role in ("records.correction", "records.key_gate") if role in bound}
+        if records:
+            changed_rows = sorted({r for role, buf in records.items() for r in watch.changed_rows(role, buf, rows)})
         if changed_rows:
-            tensors.update(_rows_of("rows", "records.correction", bound["records.correction"], changed_rows))
-            kg = bound["records.key_gate"]
-            tensors["in.records.key_gate"] = _cpu(kg[torch.tensor(changed_rows, device=kg.device)])
+            tensors.update(_rows_of("rows", records, changed_rows))
         changed_whole = [role for role in _WHOLE if role in bound and watch.changed_whole(role, bound[role])]
         for role in changed_whole:
             tensors[f"in.{role}"] = _cpu(bound[role])
@@ -217,11 +215,9 @@ class EventRecorder:
     def _bind(self, name: str, tensor: torch.Tensor) -> None:
         self._bound.setdefault(name, tensor)
 
-    def _snapshots(self, slots, rows, bind: dict[str, torch.Tensor], lower_bound) -> dict[str, torch.Tensor]:
-        """Bind the buffers of this call and copy the regions seen for the first time."""
+    def _snapshots(self, slots, rows, lower_bound) -> dict[str, torch.Tensor]:
+        """Copy the regions of the bound buffers this call sees for the first time."""
         out: dict[str, torch.Tensor] = {}
-        for role, t in bind.items():
-            self._bind(role, t)
         for role in _WHOLE:
             if role in self._bound and role not in self._seen_whole:
                 self._seen_whole.add(role)
@@ -310,9 +306,12 @@ def _union(indices: list[int], seen: torch.Tensor | None) -> list[int]:
     return sorted(set(indices) | set(seen.tolist() if seen is not None else ()))
 
 
-def _rows_of(index_role: str, role: str, buf: torch.Tensor, indices: list[int]) -> dict[str, torch.Tensor]:
+def _rows_of(index_role: str, buffers: dict[str, torch.Tensor], indices: list[int]) -> dict[str, torch.Tensor]:
+    """A write's ``in.`` tensors: the indices, and those rows of each buffer by its role."""
     index = torch.tensor(indices, dtype=torch.int64)
-    return {f"in.{index_role}": index.to(torch.int32), f"in.{role}": _cpu(buf[index.to(buf.device)])}
+    out = {f"in.{index_role}": index.to(torch.int32)}
+    out.update({f"in.{role}": _cpu(buf[index.to(buf.device)]) for role, buf in buffers.items()})
+    return out
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
