@@ -11,6 +11,8 @@ designs (``kernels.launch.commit_layers_design``) and a variant of the first:
 - ``one-launch-tables-first`` (forced only, to time it): the same, each program reading its
   layer's addresses beside the plan rather than after it, one memory round trip fewer ahead
   of the state's loads;
+- ``one-launch-boundary-in-loop`` (forced only): the same, a boundary tile stored by the token
+  that reaches it rather than kept in registers to the end (fewer registers a program);
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
   its state.
 """
@@ -95,13 +97,14 @@ def _commit_layers_token_loop_kernel(
     state_indices_ptr, record_indices_ptr, plan, batch, stride_state_indices, null_slot,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, TABLES_FIRST: tl.constexpr,
-    DEPENDENT: tl.constexpr,
+    BOUNDARY_IN_LOOP: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, layer x row): the commit token loop's program (``fold_slot_tile``)
     on layer ``l``'s buffers, whose addresses it reads from the tables; ``state_ref`` and
     ``key_gate_ref`` (layer 0's) give the element types. Program axis 2 is ``l * batch + b``.
     The tables are read once the row is known to fold, or with ``TABLES_FIRST`` beside the
-    plan, whatever the row (a layer's entries always exist)."""
+    plan, whatever the row (a layer's entries always exist); ``BOUNDARY_IN_LOOP``: as
+    ``fold_slot_tile`` says."""
     pid_v, h, pid_lb = start_tile_head_row(DEPENDENT)
     layer = pid_lb // batch
     b = pid_lb % batch
@@ -116,7 +119,7 @@ def _commit_layers_token_loop_kernel(
         state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr = buffers
         fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
                        n, source, final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV,
-                       HAS_LOWER_BOUND)
+                       HAS_LOWER_BOUND, BOUNDARY_IN_LOOP)
 
 
 def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices, plan: CommitPlan,
@@ -146,6 +149,7 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
         tables.A_log, tables.dt_bias, 0.0 if lower_bound is None else float(lower_bound), state_indices,
         record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID, H=H, K=K, V=V, T=T, BK=cfg.block_k,
         BV=cfg.block_v, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        TABLES_FIRST=design == "one-launch-tables-first", **dependent_launch(first.checkpoint_state.device),
+        TABLES_FIRST=design == "one-launch-tables-first", BOUNDARY_IN_LOOP=design == "one-launch-boundary-in-loop",
+        **dependent_launch(first.checkpoint_state.device),
         num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )
