@@ -3,12 +3,12 @@
 Each layer keeps its own buffers (checkpoint pool, records, gate parameters); ``LayerTables``
 holds their addresses in int64 tables built once, so that a commit reads them on the device
 and needs no host work or allocation per call (it can be captured in a CUDA graph). Two
-designs (``kernels.launch.commit_layers_design``) and a variant of the first:
+designs (``kernels.launch.commit_layers_design``) and two variants of the first, to time them:
 
 - ``one-launch``: the commit token loop (``fold_slot_tile``, the code of
   ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, where one
   layer's commit would leave SMs idle;
-- ``one-launch-tables-first`` (forced only, to time it): the same, each program reading its
+- ``one-launch-tables-first`` (forced only): the same, each program reading its
   layer's addresses beside the plan rather than after it, one memory round trip fewer ahead
   of the state's loads;
 - ``one-launch-boundary-in-loop`` (forced only): the same, a boundary tile stored by the token
