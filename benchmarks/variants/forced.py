@@ -30,9 +30,15 @@ def pytest_sessionstart(session):
     path = os.environ.get(VARIABLE)
     if not path:
         raise pytest.UsageError(f"{VARIABLE} must name a variant file (benchmarks/variants/*.py)")
-    from traces.impl.loader import load_impl
+    from traces.impl.loader import ImplError, load_impl
 
-    patch = load_impl(path, VARIABLE).patch()
+    try:
+        variant = load_impl(path, VARIABLE)
+    except ImplError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if not callable(getattr(variant, "patch", None)):
+        raise pytest.UsageError(f"{VARIABLE} {path}: not a variant (no patch: build it with overrides.wrap_api)")
+    patch = variant.patch()
     patch.__enter__()
     _active.append(patch)
 
