@@ -62,18 +62,21 @@ def _commit_token_loop_kernel(
     if folds:
         fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
                        read_count, source, final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV,
-                       HAS_LOWER_BOUND)
+                       HAS_LOWER_BOUND, False)
 
 
 @triton.jit
 def fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
                    read_count, source, final, has_final, boundary, has_boundary, recovery, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_LOWER_BOUND: tl.constexpr):
+                   HAS_LOWER_BOUND: tl.constexpr, BOUNDARY_IN_LOOP: tl.constexpr):
     """One row's fold on V-tile ``pid_v`` of head ``h``: the ``[BV, BK]`` tile of slot ``source``
     folded through the first ``n`` records of record row ``rec`` (``read_count`` of them read),
     stored to ``final`` where ``has_final``, and after ``recovery`` records to ``boundary``
-    where ``has_boundary``. Pointers are a layer's own buffers (``commit_row`` gives the rest)."""
+    where ``has_boundary``. Pointers are a layer's own buffers (``commit_row`` gives the rest).
+    The boundary tile is kept beside the state and stored after the loop, or with
+    ``BOUNDARY_IN_LOOP`` stored by the token that reaches it (a masked store a token, a
+    tile's registers fewer)."""
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     mask_vk = (offs_v < V)[:, None] & (offs_k < K)[None, :]
@@ -84,12 +87,18 @@ def fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_p
     first = (rec * H + h) * T
     dtype = state_ptr.dtype.element_ty
     if has_boundary:
-        S_boundary = S
-        for t in tl.static_range(T):
-            S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
-                                    offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
-            S_boundary = tl.where(recovery == t + 1, S, S_boundary)
-        tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
+        if BOUNDARY_IN_LOOP:
+            for t in tl.static_range(T):
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+                tl.store(state_ptr + boundary * (H * V * K) + tile, S.to(dtype), mask=mask_vk & (recovery == t + 1))
+        else:
+            S_boundary = S
+            for t in tl.static_range(T):
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
+                S_boundary = tl.where(recovery == t + 1, S, S_boundary)
+            tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
     else:
         for t in tl.static_range(T):
             S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,

@@ -53,7 +53,8 @@ def environment(**values: str):
 
 
 def wrap_api(namespace: dict, patch) -> None:
-    """Put the kernel API into ``namespace``, every function called under ``patch()``."""
+    """Put the kernel API into ``namespace``, every function called under ``patch()``, and
+    ``patch`` itself (``benchmarks/variants/forced.py`` runs the tests under it)."""
     def under_patch(fn):
         @functools.wraps(fn)
         def call(*args, **kwargs):
@@ -65,3 +66,4 @@ def wrap_api(namespace: dict, patch) -> None:
         namespace[name] = under_patch(getattr(kernels, name))
     for name in BUFFERS:
         namespace[name] = getattr(kernels, name)
+    namespace["patch"] = patch
