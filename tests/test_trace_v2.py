@@ -159,6 +159,28 @@ def _commit_without_conv(m, t):
     m["events"] = [e for e in m["events"] if e["inputs"]]
 
 
+def _windows_without_slots(m, t):
+    t.pop(_commit_layers(m)["expected"].pop("slots"))
+
+
+def _width_one(m, t):
+    m["conv"]["width"] = 1
+
+
+def _one_layer_without_final(m, t):
+    for name in m["layers"][2]["final"].values():
+        t.pop(name)
+    m["layers"][2]["final"] = {}
+
+
+def _write_to_a_slot_twice(m, t):
+    write = next(e for e in m["events"] if e["op"] == "write" and "conv_slots" in e["inputs"]
+                 and t[e["inputs"]["conv_slots"]].numel() > 1)
+    slots = write["inputs"]["conv_slots"]
+    t[slots] = t[slots].clone()
+    t[slots][1] = t[slots][0]
+
+
 @pytest.mark.parametrize("edit,message", [
     (_bad_layer, "attrs.layer must be a layer index in [0, 2], got 3"),
     (_bad_layout, "conv.layout 'channels_last' is not one of dim_first, token_first"),
@@ -166,7 +188,12 @@ def _commit_without_conv(m, t):
     (_aliased_layers, "is named for two roles"),
     (_conv_shape, "layers[1].initial: tensor 'layers.1.initial.conv_state' (conv_state): shape [6, 5, 96]"),
     (_commit_without_conv, "commit_layers needs conv state; the trace has none"),
-], ids=["layer-index", "conv-layout", "request-index", "aliasing", "conv-shape", "commit-without-conv"])
+    (_windows_without_slots, "expected states, conv_windows without the slots they hold"),
+    (_width_one, "conv.width must be at least 2"),
+    (_one_layer_without_final, "final names the buffers of some layers or of the plan but not of all"),
+    (_write_to_a_slot_twice, "appears more than once"),
+], ids=["layer-index", "conv-layout", "request-index", "aliasing", "conv-shape", "commit-without-conv",
+        "windows-without-slots", "conv-width", "partial-final", "conv-slot-twice"])
 def test_hostile_v2_manifests_are_refused_with_one_line(v2_trace, tmp_path, capsys, monkeypatch, edit, message):
     bad = rewrite(v2_trace, tmp_path / "bad.safetensors", edit)
     code, out, err = run_kda(["replay", str(bad), "--no-progress"], capsys, monkeypatch)

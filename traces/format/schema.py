@@ -393,4 +393,7 @@ def _event(index: int, raw: Any, num_layers: int = 1) -> Event:
         present = [role for role in group if role in inputs]
         _expect(len(present) in (0, len(group)), f"{where} ({op}): inputs {', '.join(group)} come together")
     _expect(op != "write" or inputs, f"{where} ({op}): a write names no tensor")
+    placed = [role for role in ("states", "conv_windows") if role in expected]
+    _expect(not placed or "slots" in expected,
+            f"{where} ({op}): expected {', '.join(placed)} without the slots they hold (expected.slots)")
     return Event(op, dict(inputs), dict(expected), dict(attrs))
