@@ -60,7 +60,8 @@ def _render(s: dict) -> None:
         f"{s['dtypes']['state']} state; lower_bound {s['lower_bound']}; null id {s['null_id']}",
         f"buffers: {b['num_slots']} state slots, {b['num_record_rows']} record rows, {b['plan_rows']} plan rows; "
         f"final buffers {'recorded' if s['final_buffers'] else 'not recorded'}",
-        f"layers: {s['layers']}, sharing one plan; " + ("no conv state" if s["conv"] is None else
+        f"layers: {s['layers']}{', sharing one plan' if s['layers'] > 1 else ''}; " + (
+            "no conv state" if s["conv"] is None else
             f"conv state of width {s['conv']['width']} over {s['conv']['dim']} channels, {s['conv']['layout']}"),
         "events: " + (f"{s['events']}: " + ", ".join(
             f"{op} {n} ({s['events_with_expected'].get(op, 0)} with expected results)"
