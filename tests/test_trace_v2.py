@@ -240,3 +240,44 @@ def test_the_synthesised_commit_moves_each_window_to_its_accepted_token(v2_trace
                 assert torch.equal(windows[written.index(slot)], source[:, n - 1:n + 1])
                 checked += 1
     assert checked
+
+
+def test_every_per_layer_op_runs_on_the_layer_it_names(tmp_path, capsys, monkeypatch):
+    """A mixed one-layer trace played twice, on layer 0 then on layer 1 (the same initial
+    buffers): verify, plan, defer, commit, flush and write each run on the layer of their
+    attr, so the second pass expects what the first did; a wrong expected state in the
+    second pass is reported at layer 1."""
+    from traces.format.io import TraceBuilder
+    from traces.format.schema import LAYER_BUFFERS, Manifest
+    from traces.format.tape import Tape
+
+    with read_trace(make_trace(tmp_path / "v1.safetensors", SynthConfig(
+            preset="tiny", mode="mixed", requests=4, seed=7, max_batch=4, max_decode_steps=3))) as trace:
+        tape = Tape.load(trace)
+    manifest = Manifest(tape.dims, tape.activation_dtype, tape.state_dtype, tape.lower_bound, tape.sizes(), {}, {})
+    builder = TraceBuilder(manifest)
+    for layer in (0, 1):
+        builder.set_params(tape.params["A_log"], tape.params["dt_bias"], layer=layer)
+        builder.set_buffers("initial", tape.initial, layer=layer)
+        builder.set_buffers("final", tape.final, layer=layer)
+    for layer in (0, 1):
+        for step in tape.steps:
+            builder.add_event(step.op, step.inputs, step.expected, {**step.attrs, "layer": layer})
+    assert {e.op for e in manifest.events} == {"verify", "plan", "defer", "commit", "flush", "write"}
+    assert set(manifest.layer(1).initial) == set(LAYER_BUFFERS) and manifest.version == 2
+    path = tmp_path / "twice.safetensors"
+    builder.write(path)
+    code, report = replay_json([str(path), "--impl", "reference"], capsys, monkeypatch)
+    assert code == 0 and report["passed"]
+
+    second = next(i for i, e in enumerate(manifest.events) if e.attrs["layer"] == 1 and e.op == "commit"
+                  and "states" in e.expected)
+
+    def damage(m, t):
+        name = m["events"][second]["expected"]["states"]
+        t[name] = t[name] + 1.0
+
+    code, report = replay_json([str(rewrite(path, tmp_path / "damaged.safetensors", damage)), "--impl", "reference"],
+                               capsys, monkeypatch)
+    bad = bad_elements(report, "states")
+    assert code == 1 and bad and all(b["layer"] == 1 and b["event"] == second for b in bad)
