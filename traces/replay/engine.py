@@ -133,8 +133,9 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
     timed = torch.device(device).type == "cuda"
     name = impl_name or getattr(impl, "__name__", "?")
     num_layers = trace.manifest.num_layers
-    if layers is not None and not layers <= set(range(num_layers)):
-        raise TraceError(f"layer {max(layers)} is not in the trace, which holds layers 0..{num_layers - 1}")
+    missing = sorted(set(layers or ()) - set(range(num_layers)))
+    if missing:
+        raise TraceError(f"layer {missing[0]} is not in the trace, which holds layers 0..{num_layers - 1}")
     routes = op_routes(impl, name)
     if any(e.op == "commit_layers" for e in trace.events):
         routes["commit_layers"] = commit_context_type(impl, name)[1]
