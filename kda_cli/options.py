@@ -89,16 +89,17 @@ def resolve_range(text: Optional[str], count: int) -> tuple[int, int]:
     return a, b
 
 
-def parse_ints(option: str, text: Optional[str]) -> tuple[int, ...]:
-    """Comma-separated positive integers; ``()`` when the option was not given."""
+def parse_ints(option: str, text: Optional[str], minimum: int = 1) -> tuple[int, ...]:
+    """Comma-separated integers of at least ``minimum``; ``()`` when the option was not given."""
     if text is None:
         return ()
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise CommandError(f"{option} {text}: expected comma-separated integers", EXIT_BAD_INPUT) from None
-    if not values or min(values) < 1:
-        raise CommandError(f"{option} {text}: expected positive integers", EXIT_BAD_INPUT)
+    if not values or min(values) < minimum:
+        raise CommandError(f"{option} {text}: expected {'positive integers' if minimum == 1 else f'integers >= {minimum}'}",
+                           EXIT_BAD_INPUT)
     return values
 
 

@@ -270,7 +270,7 @@ def test_info_escapes_control_characters_in_provenance(mixed, tmp_path, capsys, 
     for bad in ("\x1b", "\x07", "\x9b", "\r"):
         assert bad not in out, repr(out)
     assert "\\x1b]0;owned\\x07\\x1b[31mred\\x9b\\nsecond line" in out
-    assert len(out.splitlines()) == 4 + len(m["provenance"]), out
+    assert len(out.splitlines()) == 5 + len(m["provenance"]), out
 
 
 def test_token_offsets_beyond_int32_are_refused():

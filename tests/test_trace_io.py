@@ -16,7 +16,7 @@ import torch
 
 from tests.trace_helpers import TINY, load_raw, make_trace
 from traces.format.io import TraceBuilder, read_trace, write_trace
-from traces.format.schema import BUFFERS, FORMAT_NAME, FORMAT_VERSION, Manifest, TraceError
+from traces.format.schema import BUFFERS, FORMAT_NAME, Manifest, TraceError
 from traces.synth.simulation import SynthConfig, synthesize
 
 
@@ -41,7 +41,7 @@ def test_round_trip_keeps_manifest_and_every_tensor(built, tmp_path):
 def test_manifest_has_the_documented_fields(built, tmp_path):
     path = make_trace(tmp_path / "t.safetensors")
     manifest, tensors = load_raw(path)
-    assert manifest["format"] == FORMAT_NAME and manifest["version"] == FORMAT_VERSION
+    assert manifest["format"] == FORMAT_NAME and manifest["version"] == 1  # one layer, no conv state
     assert manifest["dims"] == {"H": 2, "K": 16, "V": 16, "T": 4}
     assert manifest["dtypes"] == {"activation": "bfloat16", "state": "float32"}
     assert manifest["lower_bound"] == -5.0 and manifest["null_id"] == 0
@@ -137,7 +137,8 @@ def test_keep_expected_outputs_drops_only_states():
 
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.update(format="other"), "format is 'other'"),
-    (lambda m: m.update(version=2), "version 2 is not supported"),
+    (lambda m: m.update(version=3), "version 3 is not supported"),
+    (lambda m: m.update(version=2), "layers must be a non-empty list"),
     (lambda m: m["dims"].pop("K"), "dims.K"),
     (lambda m: m["events"][0].update(op="launch"), "event 0: op 'launch'"),
     (lambda m: m["events"][0]["inputs"].pop("q"), "event 0 (verify): inputs lack q"),

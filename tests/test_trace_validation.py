@@ -82,11 +82,11 @@ def _nan_index(m, t):
 
 
 def _version(m, t):
-    m["version"] = 2
+    m["version"] = 3
 
 
 CASES = {
-    "wrong version": (_version, ["format version 2 is not supported"]),
+    "wrong version": (_version, ["format version 3 is not supported"]),
     "missing tensor": (_drop_tensor, ["event 0 (verify)", "raw_beta", "missing from the file"]),
     "wrong dtype": (_set("verify", "inputs", "q", lambda x: x.float()),
                     ["event 0 (verify)", "(q)", "dtype float32, expected bfloat16"]),

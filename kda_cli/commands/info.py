@@ -16,14 +16,15 @@ from kda_cli.sample import trace_path
 
 def trace_summary(trace) -> dict:
     """The manifest's facts and counts, as plain JSON types."""
-    from traces.format.schema import FORMAT_NAME, FORMAT_VERSION
+    from traces.format.schema import FORMAT_NAME
 
     m = trace.manifest
     per_op = Counter(e.op for e in m.events)
     with_expected = Counter(e.op for e in m.events if e.expected)
     return {
         "path": str(trace.path), "file_bytes": trace.path.stat().st_size, "tensors": len(trace.names),
-        "format": FORMAT_NAME, "version": FORMAT_VERSION,
+        "format": FORMAT_NAME, "version": m.version,
+        "layers": m.num_layers, "conv": None if m.conv is None else m.conv.to_json(),
         "dims": {"H": m.dims.H, "K": m.dims.K, "V": m.dims.V, "T": m.dims.T},
         "dtypes": {"activation": m.activation_dtype, "state": m.state_dtype},
         "lower_bound": m.lower_bound, "null_id": m.null_id,
@@ -59,6 +60,9 @@ def _render(s: dict) -> None:
         f"{s['dtypes']['state']} state; lower_bound {s['lower_bound']}; null id {s['null_id']}",
         f"buffers: {b['num_slots']} state slots, {b['num_record_rows']} record rows, {b['plan_rows']} plan rows; "
         f"final buffers {'recorded' if s['final_buffers'] else 'not recorded'}",
+        f"layers: {s['layers']}{', sharing one plan' if s['layers'] > 1 else ''}; " + (
+            "no conv state" if s["conv"] is None else
+            f"conv state of width {s['conv']['width']} over {s['conv']['dim']} channels, {s['conv']['layout']}"),
         "events: " + (f"{s['events']}: " + ", ".join(
             f"{op} {n} ({s['events_with_expected'].get(op, 0)} with expected results)"
             for op, n in s["events_per_op"].items()) if s["events"] else "none"),

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, parse_range, parse_tolerances, resolve_range
+from kda_cli.options import check_format, parse_ints, parse_range, parse_tolerances, resolve_range
 from kda_cli.output import Progress, duration, emit, implementation_prints, make_console, note, plural, printable
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 from kda_cli.sample import trace_path
@@ -34,6 +34,7 @@ def replay(
     format: str = typer.Option("human", "--format", help="human or json."),
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="Stop after the first event with a mismatch."),
     events: Optional[str] = typer.Option(None, "--events", help="Compare events A:B only (earlier ones still run)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Compare layers I,J,... only (every layer runs)."),
     atol: List[str] = typer.Option([], "--atol", metavar="[DTYPE=]X", help="DTYPE=X or X for every float dtype; repeatable."),
     rtol: List[str] = typer.Option([], "--rtol", metavar="[DTYPE=]X", help="DTYPE=X or X for every float dtype; repeatable."),
     progress: bool = typer.Option(True, "--progress/--no-progress",
@@ -58,10 +59,12 @@ def replay(
     check_format(format)
     tolerances = parse_tolerances(atol, rtol)
     parse_range(events)  # refuse a malformed range before any heavy import
+    compared_layers = frozenset(parse_ints("--layers", layers, minimum=0)) if layers is not None else None
     traces = [trace, *map(Path, context.args)] if trace is not None else []  # more traces: extra arguments
     if len(traces) > 1 or any(t.is_dir() for t in traces) or workers is not None or junit_xml or ray or ray_ship:
-        if events is not None:
-            raise CommandError("--events selects events of one trace; a corpus replays every event")
+        if events is not None or layers is not None:
+            option = "--events selects events" if events is not None else "--layers selects layers"
+            raise CommandError(f"{option} of one trace; a corpus replays every event")
         from kda_cli.commands.replay_corpus import replay_corpus
 
         return replay_corpus(traces, impl=impl, format=format, stop_at_first=stop_at_first, tolerances=tolerances,
@@ -88,7 +91,8 @@ def replay(
         try:
             with implementation_prints(format):
                 report = run_replay(opened, module, device=device, impl_name=impl, tolerances=tolerances,
-                                    events=span, stop_at_first=stop_at_first, progress=bar.update)
+                                    events=span, stop_at_first=stop_at_first, progress=bar.update,
+                                    layers=compared_layers)
         except ReplayFailure as exc:
             raise CommandError(f"{impl} failed at {exc}", EXIT_RUNTIME) from None
         except ReplayInterrupted as stop:

@@ -27,6 +27,10 @@ def synth(
     decode_steps: int = typer.Option(6, "--decode-steps", help="Longest request, in decode steps."),
     expected: str = typer.Option("all", "--expected", help="all, outputs (no commit/flush states) or none."),
     note: str = typer.Option("", "--note", help="Free text stored in the provenance."),
+    layers: int = typer.Option(1, "--layers", help="KDA layers; more than one (or --conv-width) writes the engine's "
+                                                   "commit of every layer, with conv state (format v2, stock mode)."),
+    conv_width: Optional[int] = typer.Option(None, "--conv-width", help="Conv width W (default 4 with --layers)."),
+    conv_layout: str = typer.Option("dim_first", "--conv-layout", help="dim_first ([N, D, S]) or token_first."),
     format: str = typer.Option("human", "--format", help="human or json."),
     force: bool = force_option("OUT"),
 ) -> None:
@@ -39,7 +43,8 @@ def synth(
 
     config = SynthConfig(preset=preset, mode=mode, requests=requests, steps=steps, seed=seed, acceptance=acceptance,
                          max_batch=max_batch, num_slots=slots, num_record_rows=record_rows,
-                         max_decode_steps=decode_steps, keep_expected=expected, note=note)
+                         max_decode_steps=decode_steps, keep_expected=expected, note=note, layers=layers,
+                         conv_width=conv_width, conv_layout=conv_layout)
     try:
         config.check()
     except ValueError as exc:

@@ -26,7 +26,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from traces.format.files import written_whole
-from traces.format.schema import BUFFERS, METADATA_KEY, Event, Manifest, TraceError, strict_json
+from traces.format.schema import (
+    BUFFERS, LAYER_BUFFERS, METADATA_KEY, Event, LayerNames, Manifest, TraceError, strict_json,
+)
 from traces.format.signals import interrupts_held
 from traces.format.validate import DictSource, TensorMeta, validate_trace
 
@@ -216,23 +218,38 @@ class TraceBuilder:
     ``manifest`` carries everything but the tensor names; params go in with ``set_params``,
     buffers with ``set_buffers("initial" | "final", {role: tensor})``, events with
     ``add_event``. Names: ``params.<role>``, ``<section>.<role>``,
-    ``events.<i>.in.<role>`` and ``events.<i>.expected.<role>`` (``i`` zero-padded).
+    ``events.<i>.in.<role>`` and ``events.<i>.expected.<role>`` (``i`` zero-padded); layers
+    after the first (version 2) ``layers.<l>.params.<role>`` and ``layers.<l>.<section>.<role>``.
     """
 
     def __init__(self, manifest: Manifest):
         self.manifest = manifest
         self.tensors: dict[str, torch.Tensor] = {}
 
-    def set_params(self, A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
+    def _layer(self, layer: int) -> tuple[LayerNames, str]:
+        """Layer ``layer``'s names (layer 0's are the manifest's own) and its name prefix."""
+        if layer == 0:
+            m = self.manifest
+            return LayerNames(m.params, m.initial, m.final), ""
+        while len(self.manifest.further_layers) < layer:
+            self.manifest.further_layers.append(LayerNames())
+        return self.manifest.further_layers[layer - 1], f"layers.{layer}."
+
+    def set_params(self, A_log: torch.Tensor, dt_bias: torch.Tensor, layer: int = 0) -> None:
+        names, prefix = self._layer(layer)
         for role, t in (("A_log", A_log), ("dt_bias", dt_bias)):
-            self.manifest.params[role] = name = f"params.{role}"
+            names.params[role] = name = f"{prefix}params.{role}"
             self.tensors[name] = t
 
-    def set_buffers(self, section: str, buffers: Mapping[str, torch.Tensor]) -> None:
-        """``buffers`` maps every role of ``schema.BUFFERS`` to a tensor (copied now)."""
-        names = getattr(self.manifest, section)
-        for role in BUFFERS:
-            names[role] = name = f"{section}.{role}"
+    def set_buffers(self, section: str, buffers: Mapping[str, torch.Tensor], layer: int = 0) -> None:
+        """``buffers`` maps the buffer roles of layer ``layer`` to tensors (copied now):
+        every role of ``schema.BUFFERS`` for layer 0, ``schema.LAYER_BUFFERS`` for the
+        others, and ``conv_state`` in a trace with conv state."""
+        names, prefix = self._layer(layer)
+        roles = (BUFFERS if layer == 0 else LAYER_BUFFERS)
+        roles = (*roles, "conv_state") if self.manifest.conv is not None else tuple(roles)
+        for role in roles:
+            getattr(names, section)[role] = name = f"{prefix}{section}.{role}"
             self.tensors[name] = buffers[role].detach().to("cpu", copy=True)
 
     def add_event(self, op: str, inputs: Mapping[str, torch.Tensor | None],

@@ -1,9 +1,15 @@
-"""Trace format v1: the manifest, its JSON form, and the tensor roles of every op.
+"""Trace format v2 (v1 still read): the manifest, its JSON form, and the tensor roles of every op.
 
 A trace is one safetensors file. Its ``__metadata__`` holds the manifest as one JSON
 string under the key ``manifest`` (see docs/trace-format.md). Tensor shapes are written
 with symbols: ``H K V T`` and ``2K``, ``HK`` (= H*K) come from the manifest, ``N R P`` from
-its buffer sizes, and ``Ttot B M W`` are bound per event by the first tensor that uses them.
+its buffer sizes, ``L`` (layers), ``D`` (conv channels), ``S`` (conv entries) and ``Wh``
+(conv history, W - 1) from its layers and conv state, ``conv1 conv2`` (the conv pool's axes
+1 and 2) and ``win1 win2`` (a conv window's) from the conv layout, and ``Ttot B M W Rq``
+are bound per event by the first tensor that uses them.
+
+Version 2 holds several KDA layers (each its own parameters and buffers, optionally a conv
+state pool) and one shared plan; version 1 is a trace of one layer without conv state.
 """
 
 from __future__ import annotations
@@ -13,17 +19,30 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from traces.format.roles import (  # noqa: F401  (the roles are part of the schema's names)
+    ATTRS, BUFFERS, CONV_STATE, EXPECTED, INPUTS, LAYER_BUFFERS, PARAMS, PLAN_FIELDS, SHARED_BUFFERS, WRITE_GROUPS,
+    Role,
+)
+
 FORMAT_NAME = "kda-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version written for a trace of several layers or with conv state; others are written
+as version 1 (``Manifest.version``)."""
+READ_VERSIONS = (1, 2)
 METADATA_KEY = "manifest"
 NULL_ID = 0
 """Null state slot; any slot index ``<= NULL_ID`` is null."""
 PAD_ID = -1
 """Smallest index a trace may hold: the padding id for slots and the 'no row' id for records."""
 
-OPS = ("verify", "plan", "defer", "commit", "flush", "write")
+OPS = ("verify", "plan", "defer", "commit", "flush", "write", "commit_layers")
 KERNEL_OPS = OPS[:5]
-"""The ops that are kernel calls; ``write`` is what changed in the buffers between them."""
+"""The ops of one layer that are kernel calls; ``write`` is what changed in the buffers
+between them, ``commit_layers`` the engine's commit of every layer."""
+LAYER_OPS = OPS[:6]
+"""Ops on one layer's buffers, named by their attr ``layer`` (absent: 0)."""
+CONV_LAYOUTS = ("dim_first", "token_first")
+"""Conv state pools: ``dim_first`` is ``[N, D, S]``, ``token_first`` ``[N, S, D]``."""
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 ACTIVATION_DTYPES = FLOAT_DTYPES
 STATE_DTYPES = ("float32", "bfloat16", "float64")
@@ -83,130 +102,6 @@ def _is_int(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Role:
-    """One tensor an op reads or writes.
-
-    shape: symbols or ints (module docstring); ``B+1`` binds B from the length.
-    dtype: ``act``, ``state``, ``float32``, ``int32`` or ``flag`` (bool, int8, uint8, int32).
-    index: value rule for integer tensors: ``slot`` (PAD_ID <= i < N), ``real_slot``
-           (NULL_ID < i < N), ``record_row`` (PAD_ID <= i < R), ``real_record_row``
-           (0 <= i < R), ``qsl`` (query_start_loc),
-           ``count`` (0 <= i <= T), ``nonneg`` (i >= 0), or None (any value).
-    """
-
-    shape: tuple[str | int, ...]
-    dtype: str
-    required: bool = True
-    index: str | None = None
-
-
-def _i32(shape: tuple[str | int, ...], index: str | None = None, required: bool = True) -> Role:
-    return Role(shape, "int32", required, index)
-
-
-PARAMS = {
-    "A_log": Role(("H",), "float32"),
-    "dt_bias": Role(("HK",), "float32"),
-}
-
-PLAN_FIELDS = ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens")
-
-BUFFERS = {
-    "checkpoint_state": Role(("N", "H", "V", "K"), "state"),
-    "records.correction": Role(("R", "H", "T", "V"), "float32"),
-    "records.key_gate": Role(("R", "H", "T", "2K"), "act"),
-    "pending": _i32(("R",)),
-    "plan.commit_lens": _i32(("P",), "count"),
-    "plan.final_state_indices": _i32(("P",), "slot"),
-    "plan.boundary_state_indices": _i32(("P",), "slot"),
-    "plan.boundary_recovery_lens": _i32(("P",), "count"),
-}
-"""Buffers that live across events: the ``initial`` set (required) and ``final`` set (optional)."""
-
-_SLOTS = _i32(("B",), "slot")
-_QSL = _i32(("B+1",), "qsl")
-
-INPUTS: dict[str, dict[str, Role]] = {
-    "verify": {
-        "q": Role((1, "Ttot", "H", "K"), "act"),
-        "k": Role((1, "Ttot", "H", "K"), "act"),
-        "v": Role((1, "Ttot", "H", "V"), "act"),
-        "raw_g": Role((1, "Ttot", "H", "K"), "act"),
-        "raw_beta": Role((1, "Ttot", "H"), "act"),
-        "query_start_loc": _QSL,
-        "state_indices": _SLOTS,
-        "record_indices": _i32(("B",), "record_row", required=False),
-    },
-    "plan": {
-        "num_accepted": _i32(("B",)),
-        "query_start_loc": _QSL,
-        "state_indices": _SLOTS,
-        "block_table": _i32(("B", "W"), "slot", required=False),
-        "num_computed": _i32(("B",), "nonneg", required=False),
-    },
-    "defer": {
-        "state_indices": _SLOTS,
-        "record_rows": _i32(("B",), "record_row"),
-        "eager": Role(("B",), "flag", required=False),
-    },
-    "commit": {
-        "state_indices": _SLOTS,
-        "record_indices": _i32(("B",), "record_row", required=False),
-    },
-    "flush": {
-        "state_indices": _SLOTS,
-        "record_rows": _i32(("B",), "record_row"),
-    },
-    "write": {
-        "slots": _i32(("M",), "real_slot", required=False),
-        "states": Role(("M", "H", "V", "K"), "state", required=False),
-        "rows": _i32(("Q",), "real_record_row", required=False),
-        "records.correction": Role(("Q", "H", "T", "V"), "float32", required=False),
-        "records.key_gate": Role(("Q", "H", "T", "2K"), "act", required=False),
-        **{role: Role(r.shape, r.dtype, False, r.index) for role, r in BUFFERS.items()
-           if role not in ("checkpoint_state", "records.correction", "records.key_gate")},
-        **{role: Role(r.shape, r.dtype, False) for role, r in PARAMS.items()},
-    },
-}
-"""What each op reads, by role; the plan buffer is read from the evolving buffers, not here.
-
-write: new contents of buffer regions, set before the next event runs: state ``slots``
-       (distinct) and their ``states``; record ``rows`` (distinct) and their records; whole
-       pending counts, plan columns and parameters. Each is optional."""
-WRITE_GROUPS = (("slots", "states"), ("rows", "records.correction", "records.key_gate"))
-"""Roles of a write that come together: an index tensor and the contents it places."""
-
-_WRITTEN_STATES = {
-    "slots": _i32(("M",), "real_slot"),
-    "states": Role(("M", "H", "V", "K"), "state"),
-}
-
-EXPECTED: dict[str, dict[str, Role]] = {
-    "verify": {
-        "out": Role((1, "Ttot", "H", "V"), "act"),
-        "records.correction": Role(("B", "H", "T", "V"), "float32"),
-        "records.key_gate": Role(("B", "H", "T", "2K"), "act"),
-    },
-    "plan": {name: _i32(("B",)) for name in PLAN_FIELDS},
-    "defer": {"pending": _i32(("R",)), "commit_lens": _i32(("B",))},
-    "commit": dict(_WRITTEN_STATES),
-    "flush": {**_WRITTEN_STATES, "pending": _i32(("R",))},
-    "write": {},
-}
-"""What each op writes, by role. Every expected role is optional.
-
-verify: ``out``; the record rows of batch row b (read at ``record_indices[b]`` or b),
-        compared where the row wrote them (real slot, record row >= 0, token t < its length).
-plan:   the first B rows of the plan.   defer: all of ``pending``, plan ``commit_lens[:B]``.
-commit, flush: ``slots`` (distinct real slots written) and ``states`` (their contents after).
-"""
-
-ATTRS = {"plan": ("block_size",), "flush": ("consume_pending",)}
-"""Attrs an op may carry. flush ``consume_pending``: whether the flush zeroed the counts it
-folded (kda's flush API) or left them (the documented flush plan kernel); absent = true."""
-
-
-@dataclass(frozen=True)
 class Dims:
     H: int
     K: int
@@ -219,6 +114,30 @@ class BufferSizes:
     num_slots: int
     num_record_rows: int
     plan_rows: int
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """The layers' conv state (version 2): ``layout`` (``CONV_LAYOUTS``), ``dim`` channels
+    (D) and convolution ``width`` W >= 2; a slot holds ``S = W - 1 + T - 1`` entries a channel."""
+
+    layout: str
+    dim: int
+    width: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layout": self.layout, "dim": self.dim, "width": self.width}
+
+
+@dataclass
+class LayerNames:
+    """One layer's tensors beyond the first layer's: ``params`` and ``initial`` / ``final``
+    (``final`` may be empty) map roles to tensor names; buffers are ``LAYER_BUFFERS`` and,
+    with conv state, ``conv_state``."""
+
+    params: dict[str, str] = field(default_factory=dict)
+    initial: dict[str, str] = field(default_factory=dict)
+    final: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -236,8 +155,10 @@ class Event:
 
 @dataclass
 class Manifest:
-    """Everything in a trace but the tensors. ``initial`` and ``final`` map buffer roles
-    (``BUFFERS``) to tensor names; ``final`` may be empty."""
+    """Everything in a trace but the tensors. ``params``, ``initial`` and ``final`` are the
+    first layer's (and ``initial``/``final`` the shared plan's too): they map roles
+    (``BUFFERS``, and ``conv_state`` with ``conv``) to tensor names; ``final`` may be empty.
+    ``further_layers`` names layers 1.. (version 2); ``conv`` describes the conv state."""
 
     dims: Dims
     activation_dtype: str
@@ -250,20 +171,51 @@ class Manifest:
     events: list[Event] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
     null_id: int = NULL_ID
+    further_layers: list[LayerNames] = field(default_factory=list)
+    conv: ConvSpec | None = None
+
+    @property
+    def version(self) -> int:
+        """2 for several layers or conv state, else 1."""
+        return FORMAT_VERSION if self.further_layers or self.conv is not None else 1
+
+    @property
+    def num_layers(self) -> int:
+        return 1 + len(self.further_layers)
+
+    def layer(self, index: int) -> LayerNames:
+        """Layer ``index``'s own names (for layer 0 without the shared plan's)."""
+        if index == 0:
+            return LayerNames(dict(self.params), {r: n for r, n in self.initial.items() if r not in SHARED_BUFFERS},
+                              {r: n for r, n in self.final.items() if r not in SHARED_BUFFERS})
+        return self.further_layers[index - 1]
+
+    def shared(self, section: str) -> dict[str, str]:
+        """The shared plan's names in ``initial`` or ``final``."""
+        return {r: n for r, n in getattr(self, section).items() if r in SHARED_BUFFERS}
+
+    def buffer_roles(self) -> tuple[str, ...]:
+        """A layer's buffer roles: ``LAYER_BUFFERS``, and ``conv_state`` with conv state."""
+        return LAYER_BUFFERS + (("conv_state",) if self.conv is not None else ())
 
     def to_json(self) -> str:
+        if self.version == 1:
+            body = {"params": self.params, "initial": self.initial, "final": self.final}
+        else:
+            layers = [self.layer(i) for i in range(self.num_layers)]
+            body = {**({"conv": self.conv.to_json()} if self.conv is not None else {}),
+                    "layers": [{"params": x.params, "initial": x.initial, "final": x.final} for x in layers],
+                    "initial": self.shared("initial"), "final": self.shared("final")}
         return json.dumps({
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "dims": {"H": self.dims.H, "K": self.dims.K, "V": self.dims.V, "T": self.dims.T},
             "dtypes": {"activation": self.activation_dtype, "state": self.state_dtype},
             "lower_bound": self.lower_bound,
             "null_id": self.null_id,
             "buffers": {"num_slots": self.sizes.num_slots, "num_record_rows": self.sizes.num_record_rows,
                         "plan_rows": self.sizes.plan_rows},
-            "params": self.params,
-            "initial": self.initial,
-            "final": self.final,
+            **body,
             "events": [e.to_json() for e in self.events],
             "provenance": self.provenance,
         })
@@ -275,8 +227,9 @@ class Manifest:
         _expect(isinstance(data, dict), "manifest: expected a JSON object")
         fmt, version = data.get("format"), data.get("version")
         _expect(fmt == FORMAT_NAME, f"manifest: format is {fmt!r}, expected {FORMAT_NAME!r}")
-        _expect(_is_int(version) and version == FORMAT_VERSION,
-                f"manifest: format version {version!r} is not supported (this kda reads version {FORMAT_VERSION})")
+        _expect(_is_int(version) and version in READ_VERSIONS,
+                f"manifest: format version {version!r} is not supported (this kda reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))})")
         dims = _section(data, "dims")
         dtypes = _section(data, "dtypes")
         buffers = _section(data, "buffers")
@@ -294,18 +247,32 @@ class Manifest:
                 f"manifest: null_id {null_id!r} is not supported (version 1 uses {NULL_ID})")
         sizes = BufferSizes(*(_positive_int(buffers, key, "buffers")
                               for key in ("num_slots", "num_record_rows", "plan_rows")))
-        params = _names(data, "params", PARAMS, all_required=True)
-        initial = _names(data, "initial", BUFFERS, all_required=True)
-        final = _names(data, "final", BUFFERS, all_required=False)
-        _expect(not final or set(final) == set(BUFFERS),
-                f"manifest: final names {sorted(final)}, expected none or all of {sorted(BUFFERS)}")
+        if version == 1:
+            _expect("layers" not in data and "conv" not in data,
+                    "manifest: layers and conv are version 2 fields; this manifest says version 1")
+            conv, layers = None, [LayerNames(_names(data, "params", PARAMS, all_required=True),
+                                             _names(data, "initial", BUFFERS, all_required=True),
+                                             _names(data, "final", BUFFERS, all_required=False))]
+            initial, final = layers[0].initial, layers[0].final
+            _expect(not final or set(final) == set(BUFFERS),
+                    f"manifest: final names {sorted(final)}, expected none or all of {sorted(BUFFERS)}")
+        else:
+            conv = _conv(data)
+            layers = _layers(data, conv)
+            shared = {role: BUFFERS[role] for role in SHARED_BUFFERS}
+            initial = {**layers[0].initial, **_names(data, "initial", shared, all_required=True)}
+            final = _names(data, "final", shared, all_required=False)
+            has_final = {bool(final), *(bool(x.final) for x in layers)}
+            _expect(len(has_final) == 1, "manifest: final names the buffers of some layers or of the plan but not "
+                                         "of all; expected none or all")
+            final = {**layers[0].final, **final}
         raw_events = data.get("events")
         _expect(isinstance(raw_events, list), "manifest: events must be a list")
-        events = [_event(i, e) for i, e in enumerate(raw_events)]
+        events = [_event(i, e, len(layers)) for i, e in enumerate(raw_events)]
         provenance = data.get("provenance", {})
         _expect(isinstance(provenance, dict), "manifest: provenance must be an object")
-        return cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, params, initial,
-                   final, events, provenance, null_id)
+        return cls(d, act, state, None if lower_bound is None else float(lower_bound), sizes, layers[0].params,
+                   initial, final, events, provenance, null_id, layers[1:], conv)
 
     def named_tensors(self) -> Iterator[tuple[str, str]]:
         """``(where, tensor name)`` for every tensor the manifest names, ``where`` being
@@ -313,6 +280,10 @@ class Manifest:
         for section in ("params", "initial", "final"):
             for role, name in getattr(self, section).items():
                 yield f"{section}.{role}", name
+        for i, layer in enumerate(self.further_layers, start=1):
+            for section in ("params", "initial", "final"):
+                for role, name in getattr(layer, section).items():
+                    yield f"layers[{i}].{section}.{role}", name
         for i, event in enumerate(self.events):
             for section in ("inputs", "expected"):
                 for role, name in getattr(event, section).items():
@@ -347,19 +318,57 @@ def _positive_int(section: dict, key: str, where: str) -> int:
     return value
 
 
-def _names(data: dict, key: str, roles: dict[str, Role], all_required: bool) -> dict[str, str]:
+def _names(data: dict, key: str, roles: dict[str, Role], all_required: bool, where: str = "") -> dict[str, str]:
+    key_at = f"{where}.{key}" if where else key
     names = data.get(key, {} if not all_required else None)
-    _expect(isinstance(names, dict), f"manifest: missing or malformed '{key}' section")
+    _expect(isinstance(names, dict), f"manifest: missing or malformed '{key_at}' section")
     for role, name in names.items():
-        _expect(role in roles, f"manifest: {key}.{role} is not a known role ({', '.join(roles)})")
-        _expect(isinstance(name, str) and name, f"manifest: {key}.{role} must name a tensor")
+        _expect(role in roles, f"manifest: {key_at}.{role} is not a known role ({', '.join(roles)})")
+        _expect(isinstance(name, str) and name, f"manifest: {key_at}.{role} must name a tensor")
     if all_required:
         missing = [r for r in roles if r not in names]
-        _expect(not missing, f"manifest: {key} lacks {', '.join(missing)}")
+        _expect(not missing, f"manifest: {key_at} lacks {', '.join(missing)}")
     return dict(names)
 
 
-def _event(index: int, raw: Any) -> Event:
+def _conv(data: dict) -> ConvSpec | None:
+    """The ``conv`` section of a version 2 manifest, or None when absent."""
+    if "conv" not in data:
+        return None
+    conv = _section(data, "conv")
+    unknown = sorted(set(conv) - {"layout", "dim", "width"})
+    _expect(not unknown, f"manifest: conv.{unknown[0] if unknown else ''} is not a conv field (layout, dim, width)")
+    layout = conv.get("layout")
+    _expect(layout in CONV_LAYOUTS, f"manifest: conv.layout {layout!r} is not one of {', '.join(CONV_LAYOUTS)}")
+    width = _positive_int(conv, "width", "conv")
+    _expect(width >= 2, f"manifest: conv.width must be at least 2 (a history of W - 1 >= 1 inputs), got {width}")
+    return ConvSpec(layout, _positive_int(conv, "dim", "conv"), width)
+
+
+def _layers(data: dict, conv: ConvSpec | None) -> list[LayerNames]:
+    """The ``layers`` list of a version 2 manifest: each layer's params, initial and final."""
+    raw = data.get("layers")
+    _expect(isinstance(raw, list) and raw, "manifest: layers must be a non-empty list")
+    roles = {role: BUFFERS[role] for role in LAYER_BUFFERS}
+    if conv is not None:
+        roles["conv_state"] = CONV_STATE
+    layers = []
+    for i, layer in enumerate(raw):
+        where = f"layers[{i}]"
+        _expect(isinstance(layer, dict), f"manifest: {where} must be an object")
+        unknown = sorted(set(layer) - {"params", "initial", "final"})
+        _expect(not unknown, f"manifest: {where}.{unknown[0] if unknown else ''} is not a layer field "
+                             "(params, initial, final)")
+        names = LayerNames(_names(layer, "params", PARAMS, all_required=True, where=where),
+                           _names(layer, "initial", roles, all_required=True, where=where),
+                           _names(layer, "final", roles, all_required=False, where=where))
+        _expect(not names.final or set(names.final) == set(roles),
+                f"manifest: {where}.final names {sorted(names.final)}, expected none or all of {sorted(roles)}")
+        layers.append(names)
+    return layers
+
+
+def _event(index: int, raw: Any, num_layers: int = 1) -> Event:
     where = f"event {index}"
     _expect(isinstance(raw, dict), f"{where}: expected a JSON object")
     op = raw.get("op")
@@ -375,10 +384,16 @@ def _event(index: int, raw: Any) -> Event:
     _expect(isinstance(attrs, dict), f"{where} ({op}): 'attrs' must be an object")
     unknown = [a for a in attrs if a not in ATTRS.get(op, ())]
     _expect(not unknown, f"{where} ({op}): unknown attrs {', '.join(unknown)}")
+    layer = attrs.get("layer", 0)
+    _expect(_is_int(layer) and 0 <= layer < num_layers,
+            f"{where} ({op}): attrs.layer must be a layer index in [0, {num_layers - 1}], got {layer!r}")
     _expect(isinstance(attrs.get("consume_pending", True), bool),
             f"{where} ({op}): attrs.consume_pending must be true or false, got {attrs.get('consume_pending')!r}")
     for group in WRITE_GROUPS if op == "write" else ():
         present = [role for role in group if role in inputs]
         _expect(len(present) in (0, len(group)), f"{where} ({op}): inputs {', '.join(group)} come together")
     _expect(op != "write" or inputs, f"{where} ({op}): a write names no tensor")
+    placed = [role for role in ("states", "conv_windows") if role in expected]
+    _expect(not placed or "slots" in expected,
+            f"{where} ({op}): expected {', '.join(placed)} without the slots they hold (expected.slots)")
     return Event(op, dict(inputs), dict(expected), dict(attrs))

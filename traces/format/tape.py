@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from traces.format.io import Trace, TraceBuilder
-from traces.format.schema import NULL_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest
+from traces.format.schema import NULL_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest, TraceError
 
 
 @dataclass
@@ -60,8 +60,10 @@ class Tape:
 
     @classmethod
     def load(cls, trace: Trace) -> "Tape":
-        """Every tensor of an opened trace (``traces.format.io.read_trace``), loaded on the CPU."""
+        """Every tensor of an opened trace (``traces.format.io.read_trace``), loaded on the CPU;
+        a trace of one layer without conv state (``require_one_layer``)."""
         m, tensors = trace.manifest, trace.tensors
+        require_one_layer(m)
         steps = [Step(e.op, tensors(e.inputs), tensors(e.expected), dict(e.attrs)) for e in m.events]
         return cls(m.dims, m.activation_dtype, m.state_dtype, m.lower_bound, tensors(m.params), tensors(m.initial),
                    steps, tensors(m.final), dict(m.provenance))
@@ -91,10 +93,20 @@ class Tape:
         return replace(self, steps=steps, **changes)
 
 
+def require_one_layer(manifest: Manifest) -> None:
+    """Refuse a trace of several layers or with conv state (format v2), which only
+    ``kda replay`` and ``kda info`` read for now: ``TraceError``."""
+    if manifest.version != 1:
+        raise TraceError(f"the trace holds {manifest.num_layers} layer(s)"
+                         f"{' with conv state' if manifest.conv is not None else ''} (format v2), which only "
+                         "kda replay and kda info read")
+
+
 @dataclass
 class Buffers:
-    """What the ops read besides their inputs, on one device: the buffers they mutate and
-    the parameters."""
+    """What the ops of one layer read besides their inputs, on one device: the buffers they
+    mutate (``conv``: the layer's conv state pool, or None) and the parameters. The layers
+    of a trace share one ``plan``."""
 
     pool: torch.Tensor
     records: Any
@@ -102,19 +114,24 @@ class Buffers:
     plan: Any
     A_log: torch.Tensor
     dt_bias: torch.Tensor
+    conv: torch.Tensor | None = None
 
     def as_roles(self) -> dict[str, torch.Tensor]:
         return {"checkpoint_state": self.pool, "records.correction": self.records.correction,
                 "records.key_gate": self.records.key_gate, "pending": self.pending,
-                **{f"plan.{f}": getattr(self.plan, f) for f in PLAN_FIELDS}}
+                **{f"plan.{f}": getattr(self.plan, f) for f in PLAN_FIELDS},
+                **({"conv_state": self.conv} if self.conv is not None else {})}
 
     @classmethod
-    def from_roles(cls, tensors: Mapping[str, torch.Tensor], api, device: str, copy: bool = True) -> "Buffers":
-        """Buffers from ``{role: tensor}`` (every ``schema.BUFFERS`` role, ``A_log`` and
-        ``dt_bias``), moved to ``device`` (copied when ``copy``), in ``api``'s buffer types."""
+    def from_roles(cls, tensors: Mapping[str, torch.Tensor], api, device: str, copy: bool = True,
+                   plan: Any = None) -> "Buffers":
+        """Buffers from ``{role: tensor}`` (every ``schema.BUFFERS`` role, or the layer's own
+        with a shared ``plan``; ``A_log`` and ``dt_bias``; optionally ``conv_state``), moved to
+        ``device`` (copied when ``copy``), in ``api``'s buffer types."""
         b = {role: t.to(device, copy=copy) for role, t in tensors.items()}
+        plan = plan if plan is not None else api.CommitPlan(*(b[f"plan.{f}"] for f in PLAN_FIELDS))
         return cls(b["checkpoint_state"], api.KDARecoverSSMRecords(b["records.correction"], b["records.key_gate"]),
-                   b["pending"], api.CommitPlan(*(b[f"plan.{f}"] for f in PLAN_FIELDS)), b["A_log"], b["dt_bias"])
+                   b["pending"], plan, b["A_log"], b["dt_bias"], b.get("conv_state"))
 
 
 def initial_buffers(tape: Tape, api, device: str) -> Buffers:
@@ -125,9 +142,23 @@ def initial_buffers(tape: Tape, api, device: str) -> Buffers:
 
 def trace_buffers(trace: Trace, api, device: str) -> Buffers:
     """An opened trace's initial buffers and parameters, loaded (checksums checked) onto
-    ``device``, in ``api``'s buffer types."""
+    ``device``, in ``api``'s buffer types; a trace of one layer (``require_one_layer``)."""
     m = trace.manifest
+    require_one_layer(m)
     return Buffers.from_roles(trace.tensors({**m.params, **m.initial}), api, device, copy=False)
+
+
+def trace_layer_buffers(trace: Trace, api, device: str) -> list[Buffers]:
+    """Each layer's initial buffers and parameters of an opened trace (any version), loaded
+    onto ``device`` in ``api``'s buffer types, all sharing the trace's one plan."""
+    m = trace.manifest
+    first = Buffers.from_roles(trace.tensors({**m.params, **m.initial}), api, device, copy=False)
+    layers = [first]
+    for i in range(1, m.num_layers):
+        names = m.layer(i)
+        layers.append(Buffers.from_roles(trace.tensors({**names.params, **names.initial}), api, device, copy=False,
+                                         plan=first.plan))
+    return layers
 
 
 def event_call(api, op: str, x: Mapping[str, torch.Tensor], attrs: Mapping[str, Any], bufs: Buffers, T: int,
@@ -160,6 +191,8 @@ def event_call(api, op: str, x: Mapping[str, torch.Tensor], attrs: Mapping[str, 
 def apply_write(x: Mapping[str, torch.Tensor], bufs: Buffers) -> None:
     """Set the buffer regions a ``write`` event names (``schema.INPUTS["write"]``) to its contents."""
     dev = bufs.pool.device
+    if "conv_slots" in x:
+        bufs.conv[x["conv_slots"].long().to(dev)] = x["conv_states"].to(dev)
     if "slots" in x:
         bufs.pool[x["slots"].long().to(dev)] = x["states"].to(dev)
     if "rows" in x:
@@ -167,7 +200,7 @@ def apply_write(x: Mapping[str, torch.Tensor], bufs: Buffers) -> None:
         bufs.records.correction[rows] = x["records.correction"].to(dev)
         bufs.records.key_gate[rows] = x["records.key_gate"].to(dev)
     for role, buf in {**bufs.as_roles(), "A_log": bufs.A_log, "dt_bias": bufs.dt_bias}.items():
-        if role in x and role not in ("records.correction", "records.key_gate"):
+        if role in x and role not in ("records.correction", "records.key_gate", "conv_state"):
             buf.copy_(x[role].to(dev))
 
 
@@ -233,4 +266,4 @@ def rebased(tape: Tape, start: int, oracle, device: str = "cpu",
 
 
 __all__ = ["Buffers", "Step", "Tape", "apply_expected", "call", "event_call", "initial_buffers", "play", "rebased",
-           "trace_buffers"]
+           "require_one_layer", "trace_buffers", "trace_layer_buffers"]

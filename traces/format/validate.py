@@ -14,7 +14,8 @@ from typing import Mapping, Protocol
 import torch
 
 from traces.format.schema import (
-    BUFFERS, EXPECTED, INPUTS, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError, check_one_role_per_tensor,
+    BUFFERS, CONV_STATE, EXPECTED, INPUTS, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError,
+    check_one_role_per_tensor,
 )
 
 DTYPE_NAMES = {
@@ -77,21 +78,37 @@ class _Checker:
         self.source = source
         d, s = m.dims, m.sizes
         self.fixed = {"H": d.H, "K": d.K, "V": d.V, "T": d.T, "2K": 2 * d.K, "HK": d.H * d.K,
-                      "N": s.num_slots, "R": s.num_record_rows, "P": s.plan_rows}
+                      "N": s.num_slots, "R": s.num_record_rows, "P": s.plan_rows, "L": m.num_layers}
+        if m.conv is not None:
+            D, S, Wh = m.conv.dim, m.conv.width - 1 + d.T - 1, m.conv.width - 1
+            dim_first = m.conv.layout == "dim_first"
+            self.fixed.update({"D": D, "S": S, "Wh": Wh, "conv1": D if dim_first else S,
+                               "conv2": S if dim_first else D, "win1": D if dim_first else Wh,
+                               "win2": Wh if dim_first else D})
 
     def run(self) -> None:
         check_one_role_per_tensor(self.m)
-        for role, name in self.m.params.items():
-            self.check("params", role, name, PARAMS[role], {})
-        for section in ("initial", "final"):
+        roles = {**PARAMS, **BUFFERS, "conv_state": CONV_STATE}
+        for section in ("params", "initial", "final"):
             for role, name in getattr(self.m, section).items():
-                self.check(section, role, name, BUFFERS[role], {})
+                self.check(section, role, name, roles[role], {})
+        for i, layer in enumerate(self.m.further_layers, start=1):
+            for section in ("params", "initial", "final"):
+                for role, name in getattr(layer, section).items():
+                    self.check(f"layers[{i}].{section}", role, name, roles[role], {})
         for i, event in enumerate(self.m.events):
             self.check_event(i, event)
 
     def check_event(self, i: int, event: Event) -> None:
         where = f"event {i} ({event.op})"
         bound: dict[str, int] = {}
+        conv_roles = {"conv_slots", "conv_states", "conv_windows"} & {*event.inputs, *event.expected}
+        if self.m.conv is None and (conv_roles or event.op == "commit_layers"):
+            what = "commit_layers" if event.op == "commit_layers" else sorted(conv_roles)[0]
+            raise TraceError(f"{where}: {what} needs conv state; the trace has none (no 'conv' section)")
+        if event.op == "commit_layers" and self.m.sizes.num_record_rows != self.m.sizes.num_slots:
+            raise TraceError(f"{where}: the engine's commit keeps a record row per slot; the trace has "
+                             f"{self.m.sizes.num_record_rows} record rows for {self.m.sizes.num_slots} slots")
         for section, roles in (("inputs", INPUTS[event.op]), ("expected", EXPECTED[event.op])):
             names = getattr(event, section)
             for role, spec in roles.items():
@@ -108,7 +125,10 @@ class _Checker:
         if lane > INT32_MAX:  # the kernels offset tokens in int32
             raise TraceError(f"{where}: {bound['Ttot']} tokens of H*max(K, V) = {lane // bound['Ttot']} elements "
                              f"exceed {INT32_MAX} elements a tensor")
-        if event.op == "plan":
+        if event.op == "commit_layers" and "request_indices" not in event.inputs and bound.get("Rq", 0) < batch:
+            raise TraceError(f"{where}: without request_indices, {batch} rows need {batch} requests, "
+                             f"num_accepted holds {bound.get('Rq', 0)}")
+        if event.op in ("plan", "commit_layers"):
             self.check_align(where, event, bound)
         if event.op == "write":
             self.check_distinct(where, event)
@@ -116,7 +136,7 @@ class _Checker:
     def check_distinct(self, where: str, event: Event) -> None:
         """A write places each slot and record row once: two contents for one would leave the
         result to the order of the copy."""
-        for role in ("slots", "rows"):
+        for role in ("slots", "rows", "conv_slots"):
             if role in event.inputs:
                 name = event.inputs[role]
                 v = self.source.load(name).to(torch.int64).reshape(-1)
@@ -204,6 +224,7 @@ class _Checker:
         n, r, T = self.fixed["N"], self.fixed["R"], self.fixed["T"]
         ranges = {"slot": (PAD_ID, n - 1, "slot"), "real_slot": (NULL_ID + 1, n - 1, "written slot"),
                   "record_row": (PAD_ID, r - 1, "record row"), "real_record_row": (0, r - 1, "record row"),
+                  "request": (0, bound.get("Rq", 0) - 1, "request index"),
                   "count": (0, T, "count"),
                   "nonneg": (0, None, "value")}
         if rule in ranges:

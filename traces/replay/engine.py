@@ -4,6 +4,11 @@ Buffers start from the trace's initial buffers and evolve under the implementati
 ops (they are never reset to the expected values), so an error shows where it first
 appears and keeps showing in what depends on it. After each event, what it wrote is
 compared with the event's expected tensors; after the last, the final buffers.
+
+A trace of several layers (format v2) runs each layer's ops on that layer's buffers and
+its ``commit_layers`` events through a commit context of every layer
+(``traces.replay.commit_context``); coordinates then name the layer, and ``layers``
+restricts the comparisons (not the run) to some of them.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import torch
 
 from traces.replay.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
 from traces.format.io import Trace
-from traces.format.schema import BUFFERS, PLAN_FIELDS, Event, TraceError
+from traces.format.schema import LAYER_OPS, PLAN_FIELDS, SHARED_BUFFERS, Event, TraceError
 from traces.impl.surface import op_routes
-from traces.format.tape import event_call, trace_buffers
+from traces.format.tape import event_call, trace_layer_buffers
+from traces.replay.commit_context import commit_call, commit_context_type, open_commit_context
 
 EXACT_ROLES = ("records.key_gate",)
 """Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""
@@ -109,12 +115,15 @@ class ReplayInterrupted(KeyboardInterrupt):
 
 def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
            tolerances: dict[str, Tolerance] | None = None, events: tuple[int, int] | None = None,
-           stop_at_first: bool = False, progress: Callable[[int, int], None] | None = None) -> ReplayReport:
+           stop_at_first: bool = False, progress: Callable[[int, int], None] | None = None,
+           layers: frozenset[int] | None = None) -> ReplayReport:
     """Replay ``trace`` through ``impl`` (a module from ``traces.impl.loader.load_impl``) on ``device``.
 
     ``events=(a, b)`` compares events ``a..b-1`` only; events before ``a`` still run, to
     build the buffers. The final buffers are compared when the replay reaches the last
-    event. ``stop_at_first`` stops after the first event with a mismatch. Raises
+    event. ``stop_at_first`` stops after the first event with a mismatch. ``layers``: compare
+    only those layers' events and buffers (every layer runs); a layer the trace lacks is a
+    ``TraceError``. Raises
     ``ReplayFailure`` when the implementation raises, ``ReplayInterrupted`` (a
     ``KeyboardInterrupt``, with the partial report) when interrupted.
     """
@@ -123,9 +132,15 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
     tol = {**DEFAULT_TOLERANCES, **(tolerances or {})}
     timed = torch.device(device).type == "cuda"
     name = impl_name or getattr(impl, "__name__", "?")
-    report = ReplayReport(str(trace.path), name, device, tol, timed=timed, event_range=(start, stop),
-                          routes=op_routes(impl, name))
-    state = _Buffers(trace, impl, device)
+    num_layers = trace.manifest.num_layers
+    missing = sorted(set(layers or ()) - set(range(num_layers)))
+    if missing:
+        raise TraceError(f"layer {missing[0]} is not in the trace, which holds layers 0..{num_layers - 1}")
+    routes = op_routes(impl, name)
+    if any(e.op == "commit_layers" for e in trace.events):
+        routes["commit_layers"] = commit_context_type(impl, name)[1]
+    report = ReplayReport(str(trace.path), name, device, tol, timed=timed, event_range=(start, stop), routes=routes)
+    state = _Buffers(trace, impl, device, sorted(layers if layers is not None else range(num_layers)))
     try:
         stopped = _run_events(trace, state, report, start, stop, tol, timed, stop_at_first, progress)
     except KeyboardInterrupt:
@@ -145,7 +160,7 @@ def _run_events(trace: Trace, state: "_Buffers", report: ReplayReport, start: in
         event = trace.events[i]
         try:
             seconds = state.run(i, event, timed)
-            if i >= start:
+            if i >= start and state.compared(event):
                 report.events.append(EventReport(i, event.op, state.compare_event(i, event, tol), seconds))
         except (ReplayFailure, TraceError):
             raise
@@ -166,21 +181,36 @@ def _tolerance(role: str, dtype: torch.dtype, tol: dict[str, Tolerance]) -> Tole
 
 
 class _Buffers:
-    """The evolving buffers of one replay, on the device, and the ops that change them."""
+    """The evolving buffers of one replay, on the device, and the ops that change them:
+    ``layers`` holds each layer's (sharing one plan); ``compared_layers`` those compared."""
 
-    def __init__(self, trace: Trace, impl: ModuleType, device: str):
+    def __init__(self, trace: Trace, impl: ModuleType, device: str, compared_layers: list[int]):
         m = trace.manifest
         self.trace, self.impl, self.device = trace, impl, device
         self.T, self.K, self.lower_bound = m.dims.T, m.dims.K, m.lower_bound
-        self.bufs = trace_buffers(trace, impl, device)
+        self.layers = trace_layer_buffers(trace, impl, device)
+        self.compared_layers = compared_layers
+        self.named_layers = m.version != 1  # coordinates name the layer
+        self.context = None
+
+    def compared(self, event: Event) -> bool:
+        """Whether ``event``'s results are compared: any but a per-layer event of a layer
+        left out."""
+        return event.op not in LAYER_OPS or event.attrs.get("layer", 0) in self.compared_layers
 
     def run(self, index: int, event: Event, timed: bool) -> float | None:
         """Run one event on the buffers; return its GPU time in seconds when ``timed``."""
         x = {role: t.to(self.device) for role, t in self.trace.tensors(event.inputs).items()}
-        if event.op == "verify":
-            self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
-        call = event_call(self.impl, event.op, x, event.attrs, self.bufs, self.T, self.lower_bound,
-                          out=self.out if event.op == "verify" else None)
+        if event.op == "commit_layers":
+            if self.context is None:
+                self.context = open_commit_context(self.impl, self.layers, self.trace.manifest.conv, self.T,
+                                                   self.lower_bound)
+            call = commit_call(self.context, x, event.attrs)
+        else:
+            if event.op == "verify":
+                self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
+            call = event_call(self.impl, event.op, x, event.attrs, self.layers[event.attrs.get("layer", 0)], self.T,
+                              self.lower_bound, out=self.out if event.op == "verify" else None)
         if not timed:
             call()
             return None
@@ -196,7 +226,9 @@ class _Buffers:
     def compare_event(self, index: int, event: Event, tol: dict[str, Tolerance]) -> list[Comparison]:
         if not event.expected:
             return []
-        base = {"event": index, "op": event.op}
+        layer = event.attrs.get("layer", 0)
+        named = self.named_layers and event.op in LAYER_OPS  # commit_layers names it per element
+        base = {"event": index, "op": event.op, **({"layer": layer} if named else {})}
         cpu = self.trace.tensors(event.inputs)
         slots = cpu["state_indices"].long()
         batch = slots.shape[0]
@@ -207,7 +239,11 @@ class _Buffers:
             if role == "slots":  # names the slots that "states" holds; nothing to compare
                 continue
             expected = self.trace.tensor(name)
-            actual, mask, locate = self._actual(event, role, cpu, slots, rec, expected)
+            if event.op == "commit_layers":
+                expected = expected[self.compared_layers]
+                actual, mask, locate = self._actual_layers(event, role, slots)
+            else:
+                actual, mask, locate = self._actual(event, self.layers[layer], role, cpu, slots, rec, expected)
             c = compare(actual, expected, _tolerance(role, expected.dtype, tol), tensor=name, role=role, mask=mask)
             for bad in (c.first_bad, c.worst_bad):
                 if bad is not None:
@@ -215,9 +251,48 @@ class _Buffers:
             results.append(c)
         return results
 
-    def _actual(self, event: Event, role: str, cpu: dict, slots, rec, expected):
-        """What the implementation holds for ``role``, the mask of compared elements, and a
-        function from an index of that tensor to named coordinates."""
+    def _written(self, event: Event, batch: int):
+        """The slots an event's expected ``slots`` names, and a function from a slot to the
+        first batch row whose plan sends its fold there (None if the plan names none)."""
+        written = self.trace.tensor(event.expected["slots"]).long()
+        plan = self.layers[0].plan
+        final = plan.final_state_indices[:batch].cpu().long()
+        boundary = plan.boundary_state_indices[:batch].cpu().long()
+
+        def row_of(slot: int) -> int | None:
+            rows = ((final == slot) | (boundary == slot)).nonzero()
+            return int(rows[0, 0]) if len(rows) else None
+        return written, row_of
+
+    def _actual_layers(self, event: Event, role: str, slots):
+        """A ``commit_layers`` event's ``states`` or ``conv_windows`` in the compared layers,
+        as its expected tensors hold them, and the coordinates of an index."""
+        written, row_of = self._written(event, slots.shape[0])
+        layers = [self.layers[i] for i in self.compared_layers]
+        if role == "states":
+            actual = torch.stack([b.pool[written.to(b.pool.device)] for b in layers])
+
+            def locate_state(i):
+                slot = int(written[i[1]])
+                return {"layer": self.compared_layers[i[0]], "batch_row": row_of(slot), "slot": slot, "head": i[2],
+                        "v": i[3], "k": i[4]}
+            return actual, None, locate_state
+        conv = self.trace.manifest.conv
+        history = conv.width - 1
+        dim_first = conv.layout == "dim_first"
+        windows = [b.conv[written.to(b.conv.device)] for b in layers]
+        actual = torch.stack([w[:, :, :history] if dim_first else w[:, :history, :] for w in windows])
+
+        def locate_window(i):
+            slot = int(written[i[1]])
+            channel, position = (i[2], i[3]) if dim_first else (i[3], i[2])
+            return {"layer": self.compared_layers[i[0]], "batch_row": row_of(slot), "slot": slot,
+                    "channel": channel, "position": position}
+        return actual, None, locate_window
+
+    def _actual(self, event: Event, bufs, role: str, cpu: dict, slots, rec, expected):
+        """What the implementation holds for ``role`` in layer buffers ``bufs``, the mask of
+        compared elements, and a function from an index of that tensor to named coordinates."""
         K = self.K
         batch = slots.shape[0]
         if role == "out":
@@ -234,7 +309,7 @@ class _Buffers:
             lens = (qsl[1:] - qsl[:-1]).clamp(0, self.T)
             written = (slots > 0) & (rec >= 0)
             mask = (written[:, None] & (torch.arange(self.T)[None, :] < lens[:, None]))[:, None, :, None]
-            records = self.bufs.records
+            records = bufs.records
             buf = records.correction if role == "records.correction" else records.key_gate
             actual = buf[rec.clamp(min=0).to(buf.device)]
 
@@ -244,34 +319,33 @@ class _Buffers:
                 return {**where, **_record_lane(role, j, K)}
             return actual, mask, locate_record
         if role in PLAN_FIELDS:
-            return (getattr(self.bufs.plan, role)[:batch], None,
+            return (getattr(bufs.plan, role)[:batch], None,
                     lambda i: {"batch_row": i[0], "slot": int(slots[i[0]])})
         if role == "pending":
-            return self.bufs.pending, None, lambda i: {"record_row": i[0]}
-        # states: the slots the op wrote, named by the expected "slots" tensor; the batch
-        # row is the first whose plan sends its fold there (None if the plan names none)
-        written = self.trace.tensor(event.expected["slots"]).long()
-        plan, pool = self.bufs.plan, self.bufs.pool
-        final = plan.final_state_indices[:batch].cpu().long()
-        boundary = plan.boundary_state_indices[:batch].cpu().long()
+            return bufs.pending, None, lambda i: {"record_row": i[0]}
+        # states: the slots the op wrote, named by the expected "slots" tensor
+        written, row_of = self._written(event, batch)
+        pool = bufs.pool
 
         def locate_state(i):
             slot = int(written[i[0]])
-            rows = ((final == slot) | (boundary == slot)).nonzero()
-            return {"batch_row": int(rows[0, 0]) if len(rows) else None, "slot": slot, "head": i[1], "v": i[2],
-                    "k": i[3]}
+            return {"batch_row": row_of(slot), "slot": slot, "head": i[1], "v": i[2], "k": i[3]}
         return pool[written.to(pool.device)], None, locate_state
 
     def compare_final(self, tol: dict[str, Tolerance]) -> list[Comparison]:
-        actual = self.bufs.as_roles()
+        m = self.trace.manifest
+        shared = [(0, role, m.final[role]) for role in SHARED_BUFFERS]
+        own = [(i, role, m.layer(i).final[role]) for i in self.compared_layers for role in m.buffer_roles()]
         results = []
-        for role in BUFFERS:
-            name = self.trace.manifest.final[role]
+        for layer, role, name in [*own, *shared]:
             expected = self.trace.tensor(name)
-            c = compare(actual[role], expected, _tolerance(role, expected.dtype, tol), tensor=name, role=role)
+            actual = self.layers[layer].as_roles()[role]
+            c = compare(actual, expected, _tolerance(role, expected.dtype, tol), tensor=name, role=role)
+            where = {"layer": layer} if self.named_layers and role not in SHARED_BUFFERS else {}
             for bad in (c.first_bad, c.worst_bad):
                 if bad is not None:
-                    bad.coords = {"event": "final", "op": "-", "tensor": role, **_buffer_coords(role, bad.index, self.K)}
+                    bad.coords = {"event": "final", "op": "-", "tensor": role, **where,
+                                  **_buffer_coords(role, bad.index, self.K, m.conv)}
             results.append(c)
         return results
 
@@ -282,7 +356,10 @@ def _record_lane(role: str, j: int, K: int) -> dict[str, Any]:
     return {"part": "key" if j < K else "gate", "k": j % K}
 
 
-def _buffer_coords(role: str, i: tuple[int, ...], K: int) -> dict[str, Any]:
+def _buffer_coords(role: str, i: tuple[int, ...], K: int, conv) -> dict[str, Any]:
+    if role == "conv_state":
+        channel, position = (i[1], i[2]) if conv.layout == "dim_first" else (i[2], i[1])
+        return {"slot": i[0], "channel": channel, "position": position}
     if role == "checkpoint_state":
         return {"slot": i[0], "head": i[1], "v": i[2], "k": i[3]}
     if role.startswith("records."):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces.format.schema import Dims
+from traces.format.schema import CONV_LAYOUTS, Dims
 
 MODES = ("stock", "deferred", "mixed")
 KEEP_EXPECTED = ("all", "outputs", "none")
@@ -31,7 +31,10 @@ class SynthConfig:
     ``max_batch`` rows a step (padding included); ``num_slots`` defaults to
     ``max_batch + 2`` (slot 0 is null), ``num_record_rows`` to ``max_batch``.
     ``keep_expected``: ``all``; ``outputs`` drops commit/flush states (the big ones);
-    ``none`` keeps the final buffers only."""
+    ``none`` keeps the final buffers only. ``layers`` > 1 or a ``conv_width`` makes a trace
+    of the engine's commit (format v2, stock mode only): a verify a layer and step, conv
+    state of ``conv_width`` (default 4) in ``conv_layout`` over ``3 * H * K`` channels, one
+    ``commit_layers`` a step, a record row per slot."""
 
     preset: str = "tiny"
     mode: str = "mixed"
@@ -47,6 +50,14 @@ class SynthConfig:
     stock_fraction: float = 0.3
     keep_expected: str = "all"
     note: str = ""
+    layers: int = 1
+    conv_width: int | None = None
+    conv_layout: str = "dim_first"
+
+    @property
+    def engine_commit(self) -> bool:
+        """Whether the trace commits every layer at once (``commit_layers``, with conv state)."""
+        return self.layers > 1 or self.conv_width is not None
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the option that cannot work."""
@@ -68,3 +79,14 @@ class SynthConfig:
             raise ValueError("--slots must be at least 2 (slot 0 is null)")
         if self.num_record_rows is not None and self.num_record_rows < self.max_batch:
             raise ValueError(f"--record-rows must be at least --max-batch ({self.max_batch})")
+        if self.layers < 1:
+            raise ValueError(f"--layers {self.layers}: expected a positive count")
+        if self.conv_width is not None and self.conv_width < 2:
+            raise ValueError(f"--conv-width {self.conv_width}: expected at least 2 (a history of one input)")
+        if self.conv_layout not in CONV_LAYOUTS:
+            raise ValueError(f"--conv-layout {self.conv_layout}: expected one of {', '.join(CONV_LAYOUTS)}")
+        if self.engine_commit and self.mode != "stock":
+            raise ValueError(f"--mode {self.mode}: traces of several layers or conv state are synthesised in stock "
+                             "mode only")
+        if self.engine_commit and self.num_record_rows is not None:
+            raise ValueError("--record-rows: the engine's commit keeps a record row per slot (--slots)")

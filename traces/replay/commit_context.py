@@ -1,0 +1,56 @@
+"""The engine's commit of every layer in a replay (``commit_layers`` events, docs/design.md §10).
+
+``open_commit_context`` is the one place a replay builds the commit context it runs those
+events through: ``kernels.reference_context.ReferenceCommitContext`` for ``--impl
+reference``, the implementation's own ``KDARecoverSSMCommitContext`` where its module has
+one, else kda's (``kernels.commit_context``). The context plans into the trace's shared
+plan buffer, so that the plan a ``commit_layers`` event leaves is the trace's like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traces.format.schema import ConvSpec
+from traces.format.tape import Buffers
+
+
+def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
+    """The commit context class ``impl`` (called ``name``) runs ``commit_layers`` through,
+    and how the report's routes name it."""
+    from kernels import reference
+    from kernels.commit_context import KDARecoverSSMCommitContext
+    from kernels.reference_context import ReferenceCommitContext
+
+    if impl is reference:
+        return ReferenceCommitContext, "reference (kernels.reference_context)"
+    own = getattr(impl, "KDARecoverSSMCommitContext", None)
+    if own is not None and own is not KDARecoverSSMCommitContext:
+        return own, f"{name or getattr(impl, '__name__', '?')} (KDARecoverSSMCommitContext)"
+    return KDARecoverSSMCommitContext, "triton (kernels.commit_context)"
+
+
+def open_commit_context(impl, layers: list[Buffers], conv: ConvSpec, spec_query_len: int,
+                        lower_bound: float | None):
+    """A commit context over the replay's ``layers`` (each with its conv state pool, records
+    per slot), for windows of ``spec_query_len`` tokens and batches of up to the shared
+    plan's rows; its plan is that shared plan."""
+    from kernels.commit_context import CommitLayer
+
+    context_type, _ = commit_context_type(impl)
+    first = layers[0]
+    H, _, K = first.pool.shape[1:]
+    model = [CommitLayer((b.conv, b.pool, b.records.correction, b.records.key_gate), b.A_log, b.dt_bias, H, K,
+                         lower_bound) for b in layers]
+    context = context_type.create(model, spec_query_len=spec_query_len, max_num_reqs=first.plan.max_batch,
+                                  conv_dim_first=conv.layout == "dim_first")
+    context.plan = first.plan
+    return context
+
+
+def commit_call(context, x: dict, attrs: dict):
+    """A ``commit_layers`` event's call of ``context.commit`` (``x``: its inputs by role on the
+    device), ready to run."""
+    return lambda: context.commit(x["num_accepted"], x["state_indices"], x["query_start_loc"],
+                                  x.get("request_indices"), x.get("block_table"), x.get("num_computed"),
+                                  attrs.get("block_size"))
