@@ -150,7 +150,8 @@ def fold_operand(g, G, key, count, offs_t):
 def tf32_split(x):
     """``(hi, lo)`` of float32 ``x``, ``hi + lo == x`` exactly: ``hi`` rounded to tf32's 10
     mantissa bits (to nearest, ties away from zero, as ``cvt.rna.tf32`` rounds finite values)
-    by an integer add and a mask, ``lo`` the rest, within half a tf32 ulp of ``x``."""
+    by an integer add and a mask, ``lo`` the rest, within half a tf32 ulp of ``x``. An
+    infinite ``x``, or one that rounds past float32's largest value, gives a NaN ``lo``."""
     bits = x.to(tl.int32, bitcast=True)
     hi = ((bits + TF32_HALF_ULP) & TF32_MASK).to(tl.float32, bitcast=True)
     return hi, x - hi
@@ -161,12 +162,14 @@ def dot_f32(a, b, acc, PRODUCTS: tl.constexpr):
     """``acc + a @ b`` in float32 (``acc`` ``None``: ``a @ b``) on tensor cores, for float32
     ``b`` and float32 or bfloat16 ``a``, as ``PRODUCTS`` (``kernels.launch.DESIGNS["products"]``)
     says: ``"tf32x3"``, Triton's three tf32 products; ``"split-tf32"``, each operand split by
-    ``tf32_split``, then ``lo_a hi_b + hi_a lo_b + hi_a hi_b`` in tf32, and a bfloat16 ``a``
-    (exact in tf32) not split: two products."""
+    ``tf32_split``, then ``lo_a hi_b + hi_a lo_b + hi_a hi_b`` in tf32; a bfloat16 ``a`` is
+    exact in tf32 (``lo_a = 0``): two products."""
     if PRODUCTS == "split-tf32":
         b_hi, b_lo = tf32_split(b)
         if a.dtype == tl.bfloat16:
-            a_hi = a.to(tl.float32)
+            # rounding leaves it as is; through the split rather than a plain conversion, the
+            # state kernels compile to fewer instructions (benchmarks/NOTES.md §7)
+            a_hi, _ = tf32_split(a.to(tl.float32))
         else:
             a_hi, a_lo = tf32_split(a)
             acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
