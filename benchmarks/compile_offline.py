@@ -11,8 +11,8 @@ no value is checked; ``pytest -m gpu`` does that. Exit status 0 when every launc
 ``--resources``: each kernel's registers per thread, spill bytes and SASS instruction count
 (static, the whole kernel), from ``cuobjdump``; a proxy for a change's cost, not a time.
 ``--force OP=DESIGN`` (repeatable): that design of ``OP`` in every set, to compare two
-designs of one op kernel by kernel (``--force products=tf32x3`` against
-``--force products=split-tf32``).
+designs of one op kernel by kernel; the products' designs other than the default compile
+only so (no flag against ``--force products=split-tf32``).
 """
 
 from __future__ import annotations
@@ -86,10 +86,12 @@ from tests.kernel_problems import make_problem  # noqa: E402
 launch.Target.of = staticmethod(lambda device: launch.H200)
 kernels.dependent_launch.is_hopper_or_later = lambda device: True
 
-# every design of each op at least once, the ops side by side; a forced op's design in every set
+# every design of each op at least once, the ops side by side, on the default products (the
+# shipped kernels); a forced op's design in every set
+SWEPT = {op: designs for op, designs in launch.DESIGNS.items() if op != "products"}
 DESIGN_SETS = [
-    {op: FORCED.get(op) or designs[min(i, len(designs) - 1)] for op, designs in launch.DESIGNS.items()}
-    for i in range(max(len(designs) for designs in launch.DESIGNS.values()))
+    {**{op: designs[min(i, len(designs) - 1)] for op, designs in SWEPT.items()}, **FORCED}
+    for i in range(max(len(designs) for designs in SWEPT.values()))
 ]
 
 
