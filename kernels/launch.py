@@ -1,7 +1,8 @@
 """Launch choices: which design runs an op, and on what tiles, from the problem's shape and the device.
 
 The whole choice is the decision table of this module (``_VERIFY_RULES``, ``_FLUSH_VERIFY_RULES``,
-``_COMMIT_RULES``: the first rule that holds picks the design), then one function per op for
+``_COMMIT_RULES``, ``_COMMIT_LAYERS_RULES``, ``_PRODUCTS_RULES``: the first rule that holds
+picks the design), then one function per op for
 the tiles of the chosen design. Every number carries one line saying why; the measurements
 behind them are in ``benchmarks/NOTES.md``, the map in prose in docs/design.md §9. Shapes
 only, never values: a choice never needs a host synchronisation.
