@@ -1,6 +1,6 @@
 """Compile every kernel launch of every design for sm_90, without a GPU.
 
-usage: python3 benchmarks/compile_offline.py [--resources] [--force OP=DESIGN ...]
+usage: python3 benchmarks/compile_offline.py [--resources]
 
 Runs the public API and the commit context on CPU tensors at the k3-tp8 shape (H=12, K=V=128, bf16 activations),
 each design forced in turn through ``KDA_DESIGN``, with the launch choices an H200 gets
@@ -10,9 +10,6 @@ compiled path (not the interpreter's) shows here before a GPU run. Nothing is la
 no value is checked; ``pytest -m gpu`` does that. Exit status 0 when every launch compiled.
 ``--resources``: each kernel's registers per thread, spill bytes and SASS instruction count
 (static, the whole kernel), from ``cuobjdump``; a proxy for a change's cost, not a time.
-``--force OP=DESIGN`` (repeatable): that design of ``OP`` in every set, to compare two
-designs of one op kernel by kernel; the products' designs other than the default compile
-only so (no flag against ``--force products=split-tf32``).
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ BACKEND = make_backend(TARGET)
 _compiled: set[tuple[str, str, str]] = set()
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 RESOURCES = "--resources" in sys.argv[1:]
-FORCED = dict(sys.argv[i + 1].split("=", 1) for i, arg in enumerate(sys.argv[1:], 1) if arg == "--force")
 
 
 def resources(cubin: bytes) -> str:
@@ -86,12 +82,10 @@ from tests.kernel_problems import make_problem  # noqa: E402
 launch.Target.of = staticmethod(lambda device: launch.H200)
 kernels.dependent_launch.is_hopper_or_later = lambda device: True
 
-# every design of each op at least once, the ops side by side, on the default products (the
-# shipped kernels); a forced op's design in every set
-SWEPT = {op: designs for op, designs in launch.DESIGNS.items() if op != "products"}
+# every design of each op at least once, the ops side by side
 DESIGN_SETS = [
-    {**{op: designs[min(i, len(designs) - 1)] for op, designs in SWEPT.items()}, **FORCED}
-    for i in range(max(len(designs) for designs in SWEPT.values()))
+    {op: designs[min(i, len(designs) - 1)] for op, designs in launch.DESIGNS.items()}
+    for i in range(max(len(designs) for designs in launch.DESIGNS.values()))
 ]
 
 
@@ -130,9 +124,6 @@ def run_context(T: int, state_dtype: torch.dtype, lower_bound: float | None) -> 
 
 
 def main() -> None:
-    for op, design in FORCED.items():
-        if design not in launch.DESIGNS.get(op, ()):
-            sys.exit(f"--force {op}={design}: no such design (ops and designs: kernels.launch.DESIGNS)")
     for designs in DESIGN_SETS:
         os.environ[launch.DESIGN_ENV] = ",".join(f"{op}={design}" for op, design in designs.items())
         for T, state_dtype, lower_bound, with_rec in ((4, torch.float32, -5.0, True), (8, torch.float32, -5.0, True),

@@ -13,9 +13,9 @@ import triton.language as tl
 from kernels.commit_row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.fold import recorded_corrections
-from kernels.launch import CommitConfig
+from kernels.launch import DOT_PRECISION, CommitConfig
 from kernels.triton_math import (
-    NULL_SLOT, dot_f32, fold_operand, head_decay_rate, record_key_inverse_norms, record_keys_and_gates,
+    NULL_SLOT, fold_operand, head_decay_rate, record_key_inverse_norms, record_keys_and_gates,
 )
 
 
@@ -31,11 +31,11 @@ def _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_s
 
 
 @triton.jit
-def _folded(S, U, g, G, key, count, offs_t, PRODUCTS: tl.constexpr):
+def _folded(S, U, g, G, key, count, offs_t, DOT_PRECISION: tl.constexpr):
     """``S exp(G_count) + U F_count`` for one column block (``S [BV, BKK]``, ``U [BV, BT]``,
     ``G = cumsum(g)``)."""
     decay, fold = fold_operand(g, G, key, count, offs_t)
-    return S * decay[None, :] + dot_f32(U, fold, None, PRODUCTS)
+    return S * decay[None, :] + tl.dot(U, fold, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -44,7 +44,7 @@ def _commit_fold_in_tile_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    PRODUCTS: tl.constexpr, DEPENDENT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): each block of the fold operand rebuilt beside its state block."""
     key_gate_ptr, correction_ptr = records
@@ -76,15 +76,15 @@ def _commit_fold_in_tile_kernel(
                 G_c = tl.cumsum(g_c, axis=0)
                 mask_vc = mask_v[:, None] & (cols < K)[None, :]
                 tl.store(boundary_rows + cols[None, :],
-                         _folded(S_c, U, g_c, G_c, key_c, recovery, offs_t, PRODUCTS).to(dtype), mask=mask_vc)
+                         _folded(S_c, U, g_c, G_c, key_c, recovery, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc)
                 tl.store(final_rows + cols[None, :],
-                         _folded(S_c, U, g_c, G_c, key_c, n, offs_t, PRODUCTS).to(dtype), mask=mask_vc & has_final)
+                         _folded(S_c, U, g_c, G_c, key_c, n, offs_t, DOT_PRECISION).to(dtype), mask=mask_vc & has_final)
         elif has_final:
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 S, key, g = _column_block(source_rows, kg_rows, dt_bias_row, offs_k, mask_v, live, key_scale, A_h,
                                           lower_bound, K, HAS_LOWER_BOUND)
-                folded = _folded(S, U, g, tl.cumsum(g, axis=0), key, n, offs_t, PRODUCTS)
+                folded = _folded(S, U, g, tl.cumsum(g, axis=0), key, n, offs_t, DOT_PRECISION)
                 tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_v[:, None] & (offs_k < K)[None, :])
 
 
@@ -94,6 +94,6 @@ def launch_fold_in_tile(call: CommitCall, cfg: CommitConfig) -> None:
         call.state, call.record_tensors(), call.gate(), call.state_indices, call.record_indices, call.plan_rows,
         call.state_indices.stride(0), V=call.V, BK=cfg.block_k, BKK=cfg.block_kk,
         BOUNDARY_BKK=cfg.boundary_block_kk, BV=cfg.block_v, BT=cfg.fold_depth, STAGES=cfg.stages,
-        PRODUCTS=cfg.products, **call.shape_options(), **dependent_launch(call.state.device),
+        DOT_PRECISION=DOT_PRECISION, **call.shape_options(), **dependent_launch(call.state.device),
         num_warps=cfg.num_warps, num_stages=1,
     )

@@ -17,7 +17,7 @@ import triton.language as tl
 from kernels.commit_row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
-from kernels.launch import CommitConfig
+from kernels.launch import DOT_PRECISION, CommitConfig
 from kernels.triton_math import NULL_SLOT, head_decay_rate, record_key_inverse_norms
 
 
@@ -60,7 +60,7 @@ def _commit_fold_state_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BOUNDARY_BKK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     FOLD_DEPTH: tl.constexpr, STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    PRODUCTS: tl.constexpr, DEPENDENT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the operands of ``_commit_fold_operand_kernel`` applied to each block."""
     fold_ptr, decay_ptr = fold_operands
@@ -90,17 +90,17 @@ def _commit_fold_state_kernel(
                 S = tl.load(source_rows + cols[None, :], mask=mask_vc, other=0.0)
                 tl.store(boundary_rows + cols[None, :],
                          fold_state_block(S, boundary_corrections, boundary_fold_rows, decay_ptr + recovered * K,
-                                          offs_f, cols, True, K, BT, PRODUCTS).to(dtype), mask=mask_vc)
+                                          offs_f, cols, True, K, BT, DOT_PRECISION).to(dtype), mask=mask_vc)
                 tl.store(final_rows + cols[None, :],
                          fold_state_block(S, corrections, fold_rows, decay_row, offs_f, cols, True, K, BT,
-                                          PRODUCTS).to(dtype), mask=mask_vc & has_final)
+                                          DOT_PRECISION).to(dtype), mask=mask_vc & has_final)
         elif has_final:
             for k0 in tl.range(0, BK, BKK, num_stages=STAGES):
                 offs_k = k0 + tl.arange(0, BKK)
                 mask_vk = mask_v & (offs_k < K)[None, :]
                 S = tl.load(source_rows + offs_k[None, :], mask=mask_vk, other=0.0)
                 folded = fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, True, K, BT,
-                                          PRODUCTS)
+                                          DOT_PRECISION)
                 tl.store(final_rows + offs_k[None, :], folded.to(dtype), mask=mask_vk)
 
 
@@ -120,6 +120,6 @@ def launch_fold_operand_once(call: CommitCall, cfg: CommitConfig) -> None:
         call.state, call.records.correction, fold_operands, call.state_indices, call.record_indices, call.plan_rows,
         call.state_indices.stride(0), B * H, V=call.V, BK=cfg.block_k, BKK=cfg.block_kk,
         BOUNDARY_BKK=cfg.boundary_block_kk, BV=cfg.block_v, BT=cfg.block_t, FOLD_DEPTH=cfg.fold_depth,
-        STAGES=cfg.stages, PRODUCTS=cfg.products, H=H, K=K, T=call.T,
+        STAGES=cfg.stages, DOT_PRECISION=DOT_PRECISION, H=H, K=K, T=call.T,
         HAS_RECORD_INDICES=call.record_indices is not None, **dependent, num_warps=cfg.num_warps, num_stages=1,
     )

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_math import (
-    dot_f32, fold_operand, load_record_block, recurrence_step, token_key_and_decay, window_keys_and_gates,
+    fold_operand, load_record_block, recurrence_step, token_key_and_decay, window_keys_and_gates,
 )
 
 
@@ -68,7 +68,7 @@ def recorded_corrections(correction_cols, offs_f, count, mask_v):
 
 @triton.jit
 def fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, folding,
-                     K: tl.constexpr, BT: tl.constexpr, PRODUCTS: tl.constexpr):
+                     K: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """``S decay + corrections F`` in float32 for the key channels ``offs_k [BKK]`` of a state
     block ``S [BV, BKK]``: ``fold_rows [FOLD_DEPTH, 1]`` and ``decay_row`` point at the
     operand of ``store_fold_operand``. Where ``folding`` is false nothing is read and the
@@ -76,7 +76,7 @@ def fold_state_block(S, corrections, fold_rows, decay_row, offs_f, offs_k, foldi
     mask_k = offs_k < K
     decay = tl.load(decay_row + offs_k, mask=mask_k & folding, other=1.0)
     fold = tl.load(fold_rows + offs_k[None, :], mask=(offs_f < BT)[:, None] & mask_k[None, :] & folding, other=0.0)
-    return dot_f32(corrections, fold, S.to(tl.float32) * decay[None, :], PRODUCTS)
+    return tl.dot(corrections, fold, S.to(tl.float32) * decay[None, :], input_precision=DOT_PRECISION)
 
 
 @triton.jit

@@ -1,8 +1,7 @@
 """Launch choices: which design runs an op, and on what tiles, from the problem's shape and the device.
 
 The whole choice is the decision table of this module (``_VERIFY_RULES``, ``_FLUSH_VERIFY_RULES``,
-``_COMMIT_RULES``, ``_COMMIT_LAYERS_RULES``, ``_PRODUCTS_RULES``: the first rule that holds
-picks the design), then one function per op for
+``_COMMIT_RULES``: the first rule that holds picks the design), then one function per op for
 the tiles of the chosen design. Every number carries one line saying why; the measurements
 behind them are in ``benchmarks/NOTES.md``, the map in prose in docs/design.md §9. Shapes
 only, never values: a choice never needs a host synchronisation.
@@ -22,6 +21,9 @@ from typing import Callable
 import torch
 import triton
 
+DOT_PRECISION = "tf32x3"
+"""Products with the state: split-precision tf32 (three passes) keeps float32 accuracy."""
+
 DESIGN_ENV = "KDA_DESIGN"
 
 DESIGNS = {
@@ -29,7 +31,6 @@ DESIGNS = {
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "one-launch-tables-first", "one-launch-boundary-in-loop", "per-layer"),
-    "products": ("tf32x3", "split-tf32"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -125,11 +126,6 @@ _COMMIT_LAYERS_RULES = (
 )
 
 
-_PRODUCTS_RULES = (
-    Rule("tf32x3", _always, "float32 accuracy from three tf32 products; split-tf32 waits for its GPU measurement"),
-)
-
-
 def _commit_token_loop_holds(key: Key) -> bool:
     """Pairs x T^2 bounds the commit token loop's work (each token is a pass over the tile)."""
     return key.pairs <= 384 and key.pairs * key.T ** 2 <= 6144
@@ -141,7 +137,7 @@ def _verify_state_rows(key: Key) -> int:
 
 
 _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES,
-          "commit-layers": _COMMIT_LAYERS_RULES, "products": _PRODUCTS_RULES}
+          "commit-layers": _COMMIT_LAYERS_RULES}
 
 
 def forced_designs() -> dict[str, str]:
@@ -184,8 +180,7 @@ class VerifyConfig:
     designs; ``window_at_once``: a token loop reads the window's inputs at once, not token by
     token; ``num_warps``, ``stages`` (loads in flight), ``max_registers`` (``None``: the
     compiler's choice) of the program that reads the state; ``key_side_warps`` and
-    ``key_side_max_registers`` of the two kernels' key side; ``products``: how its products
-    keep float32 accuracy (a name of ``DESIGNS["products"]``)."""
+    ``key_side_max_registers`` of the two kernels' key side."""
 
     design: str
     block_k: int
@@ -198,7 +193,6 @@ class VerifyConfig:
     max_registers: int | None
     key_side_warps: int
     key_side_max_registers: int | None
-    products: str
 
     @property
     def block_m(self) -> int:
@@ -220,7 +214,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     window = triton.next_power_of_2(spec_query_len)
     common = dict(design=design, block_k=block_k, block_kk=min(32, block_k), stages=3,
-                  key_side_warps=1, key_side_max_registers=None, products=choose_design("products", key))
+                  key_side_warps=1, key_side_max_registers=None)
     if design.startswith("token-loop") or design == "flush-apart":
         rows, at_once = _token_loop_tile(key, design, flush)
         return VerifyConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)), block_t=window,
@@ -272,7 +266,7 @@ class CommitConfig:
     padded; ``block_v``: state rows per program; ``block_t``: token rows of the fold operand;
     ``block_kk``: state columns per step, ``boundary_block_kk`` on rows that also write a
     boundary slot; ``operand_block_k``: key channels per fold-operand program; ``num_warps``,
-    ``stages``, ``max_registers`` of the state programs; ``products`` as ``VerifyConfig``'s."""
+    ``stages``, ``max_registers`` of the state programs."""
 
     design: str
     block_k: int
@@ -284,7 +278,6 @@ class CommitConfig:
     num_warps: int
     stages: int
     max_registers: int | None
-    products: str
 
     @property
     def fold_depth(self) -> int:
@@ -302,7 +295,7 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     common = dict(design=design, block_k=block_k, block_t=max(_DOT_MIN // 2, triton.next_power_of_2(spec_query_len)),
                   block_kk=min(32, block_k), boundary_block_kk=min(_DOT_MIN, block_k),
                   operand_block_k=min(64 if design == "fold-operand-once-wide" else 32, block_k),
-                  num_warps=1, stages=3, products=choose_design("products", key))
+                  num_warps=1, stages=3)
     if design == "token-loop":
         rows = _commit_token_rows(key)
         return CommitConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)),

@@ -16,8 +16,6 @@ from kernels.buffers import NULL_BLOCK_ID
 NULL_SLOT = tl.constexpr(NULL_BLOCK_ID)  # slot indices <= NULL_SLOT are null (docs/design.md §5)
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)
 NORM_EPS = tl.constexpr(1e-6)
-TF32_HALF_ULP = tl.constexpr(1 << 12)  # tf32 keeps 10 of float32's 23 mantissa bits
-TF32_MASK = tl.constexpr(-(1 << 13))  # clears the 13 it drops
 
 
 @triton.jit
@@ -144,39 +142,6 @@ def fold_operand(g, G, key, count, offs_t):
     # sum_{t<j<count} g_j = total - (inclusive cumulative sum up to t)
     F = tl.where(first, tl.exp(total[None, :] - G) * key, 0.0)
     return tl.exp(total), F
-
-
-@triton.jit
-def tf32_split(x):
-    """``(hi, lo)`` of float32 ``x``, ``hi + lo == x`` exactly: ``hi`` rounded to tf32's 10
-    mantissa bits (to nearest, ties away from zero, as ``cvt.rna.tf32`` rounds finite values)
-    by an integer add and a mask, ``lo`` the rest, within half a tf32 ulp of ``x``. An
-    infinite ``x``, or one that rounds past float32's largest value, gives a NaN ``lo``."""
-    bits = x.to(tl.int32, bitcast=True)
-    hi = ((bits + TF32_HALF_ULP) & TF32_MASK).to(tl.float32, bitcast=True)
-    return hi, x - hi
-
-
-@triton.jit
-def dot_f32(a, b, acc, PRODUCTS: tl.constexpr):
-    """``acc + a @ b`` in float32 (``acc`` ``None``: ``a @ b``) on tensor cores, for float32
-    ``b`` and float32 or bfloat16 ``a``, as ``PRODUCTS`` (``kernels.launch.DESIGNS["products"]``)
-    says: ``"tf32x3"``, Triton's three tf32 products; ``"split-tf32"``, each operand split by
-    ``tf32_split``, then ``lo_a hi_b + hi_a lo_b + hi_a hi_b`` in tf32; a bfloat16 ``a`` is
-    exact in tf32 (``lo_a = 0``): two products."""
-    if PRODUCTS == "split-tf32":
-        b_hi, b_lo = tf32_split(b)
-        if a.dtype == tl.bfloat16:
-            # rounding leaves it as is; through the split rather than a plain conversion, the
-            # state kernels compile to fewer instructions (benchmarks/NOTES.md §7)
-            a_hi, _ = tf32_split(a.to(tl.float32))
-        else:
-            a_hi, a_lo = tf32_split(a)
-            acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-        return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
-    else:
-        return tl.dot(a.to(tl.float32), b, acc, input_precision=PRODUCTS)
 
 
 @triton.jit

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.launch import VerifyConfig, factored_window
-from kernels.triton_math import NULL_SLOT, dot_f32, head_decay_rate, record_row
+from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
+from kernels.triton_math import NULL_SLOT, head_decay_rate, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_mix,
     window_row, window_values,
@@ -25,7 +25,7 @@ def _verify_one_pass_kernel(
     tokens, token_strides, gate, state_ptr, records, rows, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, STAGES: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr,
-    HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr, PRODUCTS: tl.constexpr,
+    HAS_RECORD_INDICES: tl.constexpr, FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the key side's and the state kernel's work in one pass over
@@ -74,11 +74,11 @@ def _verify_one_pass_kernel(
                 tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_rec)
                 tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_rec)
                 WP, sum_sq, AC = window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
-                                               T, BT, BKK, HAS_LOWER_BOUND, FACTORED, PRODUCTS)
-                Y = dot_f32(S, tl.trans(WP), Y, PRODUCTS)
-            row_scale, mix = window_mix(AC, sum_sq, beta, K, T, BT, PRODUCTS)
+                                               T, BT, BKK, HAS_LOWER_BOUND, FACTORED, DOT_PRECISION)
+                Y = tl.dot(S.to(tl.float32), tl.trans(WP), Y, input_precision=DOT_PRECISION)
+            row_scale, mix = window_mix(AC, sum_sq, beta, K, T, BT, DOT_PRECISION)
             store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h,
-                                  offs_v, mask_v, stride_out_tok, H, V, T, BM, PRODUCTS)
+                                  offs_v, mask_v, stride_out_tok, H, V, T, BM, DOT_PRECISION)
     elif length > 0:
         store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
                        V, BM)
@@ -88,5 +88,5 @@ def launch_one_pass(call: VerifyCall, cfg: VerifyConfig) -> None:
     """One launch of ``_verify_one_pass_kernel`` on ``cfg``'s tiles."""
     _verify_one_pass_kernel[(triton.cdiv(call.V, cfg.block_v), call.H, call.B)](
         *call.one_kernel_args(), V=call.V, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BT=cfg.block_t,
-        STAGES=cfg.stages, FACTORED=factored_window(call.lower_bound, call.T), PRODUCTS=cfg.products,
+        STAGES=cfg.stages, FACTORED=factored_window(call.lower_bound, call.T), DOT_PRECISION=DOT_PRECISION,
         **call.shape_options(), **dependent_launch(call.v.device), num_warps=cfg.num_warps, num_stages=1)

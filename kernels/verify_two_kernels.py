@@ -29,8 +29,8 @@ import triton.language as tl
 from kernels.dependent_launch import await_prior_grid, dependent_launch, start_tile_head_row
 from kernels.flush_plan import store_flush_plan
 from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
-from kernels.launch import VerifyConfig, factored_window
-from kernels.triton_math import NULL_SLOT, dot_f32, head_decay_rate, record_key_inverse_norms, record_row
+from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
+from kernels.triton_math import NULL_SLOT, head_decay_rate, record_key_inverse_norms, record_row
 from kernels.verify_window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
     window_mix, window_row,
@@ -64,7 +64,7 @@ def _verify_key_side_kernel(
     stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BKK: tl.constexpr,
     BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FACTORED: tl.constexpr, FLUSH: tl.constexpr, PRODUCTS: tl.constexpr, DEPENDENT: tl.constexpr,
+    FACTORED: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (head, row): key records, ``operand [2 BT, K]`` (rows ``W`` then ``P``, each
     ``BT`` rows, zero past the window, before normalisation), ``row_scale [2 BT]`` (the
@@ -149,7 +149,7 @@ def _verify_key_side_kernel(
                     tl.store(kg_rows + offs_k[None, :], k_raw, mask=mask_tk)
                     tl.store(kg_rows + K + offs_k[None, :], g_raw, mask=mask_tk)
             WP, sum_sq, AC = window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
-                                           T, BT, BKK, HAS_LOWER_BOUND, FACTORED, PRODUCTS)
+                                           T, BT, BKK, HAS_LOWER_BOUND, FACTORED, DOT_PRECISION)
             tl.store(operand_rows + offs_k[None, :], WP, mask=mask_k[None, :])
             if k0 + BKK < BK:
                 if FLUSH:
@@ -159,7 +159,7 @@ def _verify_key_side_kernel(
                     k_raw, g_raw, q_raw, dt_bias = k_next, g_next, q_next, dt_bias_next
         if FLUSH:
             beta = window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok)
-        row_scale, mix = window_mix(AC, sum_sq, beta, K, T, BT, PRODUCTS)
+        row_scale, mix = window_mix(AC, sum_sq, beta, K, T, BT, DOT_PRECISION)
         tl.store(row_scale_ptr + pair * 2 * BT + offs_m, row_scale)
         tl.store(mix_ptr + (pair * 2 * BT + offs_m[:, None]) * 2 * BT + offs_m[None, :], mix)
 
@@ -170,7 +170,7 @@ def _verify_state_kernel(
     rows, stride_state_indices,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BKK: tl.constexpr, BV: tl.constexpr, BM: tl.constexpr, FOLD_DEPTH: tl.constexpr,
-    STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, PRODUCTS: tl.constexpr,
+    STAGES: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, FLUSH: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): outputs and corrections. Column ``c`` of the ``[BV, BM]``
@@ -231,16 +231,16 @@ def _verify_state_kernel(
                     # window then runs from the stored (rounded) state, as after a flush
                     S = fold_state_block(S, pending_corrections, fold_ptr + (pair * HALF + offs_f[:, None]) * K,
                                          decay_ptr + pair * K, offs_f, offs_k, folding, K, HALF,
-                                         PRODUCTS).to(S.dtype)
+                                         DOT_PRECISION).to(S.dtype)
                     tl.store(state_rows + offs_k[None, :], S, mask=mask_vk & folding)
                 operand = tl.load(operand_cols + offs_k[:, None], mask=(offs_k < window_k)[:, None], other=0.0)
-                Y = dot_f32(S, operand, Y, PRODUCTS)
+                Y = tl.dot(S.to(tl.float32), operand, Y, input_precision=DOT_PRECISION)
             if length > 0:
                 if FLUSH:
                     row_scale, mix, values = window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h,
                                                             offs_v, mask_v, stride_v_tok, V, BM)
                 store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h,
-                                      offs_v, mask_v, stride_out_tok, H, V, T, BM, PRODUCTS)
+                                      offs_v, mask_v, stride_out_tok, H, V, T, BM, DOT_PRECISION)
     elif length > 0:
         store_outputs(tl.zeros((BV, BM), tl.float32), out_ptr, start, length, h, offs_v, mask_v, stride_out_tok,
                        V, BM)
@@ -264,7 +264,7 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
         tokens, token_strides, call.gate(), call.records.key_gate, (operand, row_scale, mix), (fold, decay), pending,
         plan_rows, rows, call.state_indices.stride(0),
         BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
-        FLUSH=flush, PRODUCTS=cfg.products, **call.shape_options(),
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
     _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
@@ -272,6 +272,6 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
         plan_rows[0], rows, call.state_indices.stride(0),
         H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
-        FLUSH=flush, PRODUCTS=cfg.products, **dependent, num_warps=cfg.num_warps,
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps,
         num_stages=1, maxnreg=cfg.max_registers,
     )

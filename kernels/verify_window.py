@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernels.buffers import KDARecoverSSMRecords
 from kernels.triton_math import (
-    dot_f32, inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates, write_strength,
+    inverse_norm, recurrence_step, sum_of_squares, tile_row, window_keys_and_gates, write_strength,
 )
 
 
@@ -165,7 +165,7 @@ def window_beta(beta_ptr, start, h, offs_m, live_m, stride_beta_tok):
 @triton.jit
 def window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, AC,
                   T: tl.constexpr, BT: tl.constexpr, BKK: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr,
-                  FACTORED: tl.constexpr, PRODUCTS: tl.constexpr):
+                  FACTORED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One block of key channels of a window (raw inputs from ``load_window_block``):
     returns its ``WP = [W; P] [2 BT, BKK]`` and the running sums over blocks ``sum_sq [2 BT]``
     (of each row's squares) and ``AC [2 BT, 2 BT]`` (rows ``A`` then ``C``; columns: keys).
@@ -179,7 +179,7 @@ def window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, A
     WP = stack_rows(tl.exp(G) * key, tl.exp(G) * query, BT, BKK)
     if FACTORED:
         growth = stack_rows(tl.exp(-G) * key, tl.zeros((BT, BKK), tl.float32), BT, BKK)
-        AC += dot_f32(WP, tl.trans(growth), None, PRODUCTS)
+        AC += tl.dot(WP, tl.trans(growth), input_precision=DOT_PRECISION)
     else:
         A, C = stepwise_window_products(g, key, query, T, BT)
         empty = tl.zeros((BT, BT), tl.float32)
@@ -189,7 +189,7 @@ def window_block(k_raw, g_raw, q_raw, dt_bias, live, A_h, lower_bound, sum_sq, A
 
 @triton.jit
 def window_mix(AC, sum_sq, beta, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
-                PRODUCTS: tl.constexpr):
+                DOT_PRECISION: tl.constexpr):
     """``row_scale [2 BT]``, the factor that normalises each row of ``[W; P]``, and
     ``mix [2 BT, 2 BT]``, from a window's sums (``window_block``) and ``beta [2 BT]``."""
     offs_m = tl.arange(0, 2 * BT)
@@ -204,7 +204,7 @@ def window_mix(AC, sum_sq, beta, K: tl.constexpr, T: tl.constexpr, BT: tl.conste
     C_t = tl.trans(tl.where((rows >= BT) & (cols <= rows - BT), AC, 0.0))
     L = beta[:, None] * tl.trans(unit_lower_inverse(A, beta, T, 2 * BT))
     expand = tl.where(cols < BT, (rows == cols).to(tl.float32), C_t)
-    mix = dot_f32(L, expand, None, PRODUCTS) + ((rows >= BT) & (rows == cols)).to(tl.float32)
+    mix = tl.dot(L, expand, input_precision=DOT_PRECISION) + ((rows >= BT) & (rows == cols)).to(tl.float32)
     return scale, mix
 
 
@@ -251,12 +251,12 @@ def window_inputs(row_scale_ptr, mix_ptr, v_ptr, pair, start, length, h, offs_v,
 @triton.jit
 def store_window_results(Y, row_scale, mix, values, out_ptr, correction_ptr, start, length, rec, h, offs_v, mask_v,
                           stride_out_tok, H: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BM: tl.constexpr,
-                          PRODUCTS: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr):
     """``[U | O] [BV, BM]`` of one V-tile, from ``Y = S_0 [W; P]^T`` (rows not yet normalised)
     and the window's ``row_scale``, ``mix`` and ``values``: outputs into ``out``
     (``store_outputs``), corrections into the records (``store_corrections``)."""
     Y = Y * row_scale[None, :]
     Z = tl.where((tl.arange(0, BM) < BM // 2)[None, :], values.to(tl.float32) - Y, Y)
-    UO = dot_f32(Z, mix, None, PRODUCTS)
+    UO = tl.dot(Z, mix, input_precision=DOT_PRECISION)
     store_outputs(UO, out_ptr, start, length, h, offs_v, mask_v, stride_out_tok, V, BM)
     store_corrections(UO, correction_ptr, rec, h, length, offs_v, mask_v, H, V, T, BM)

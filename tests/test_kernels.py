@@ -65,11 +65,10 @@ STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-onc
 def use_designs(monkeypatch, **designs: str) -> None:
     """Run every call of each op through the design named for it, whatever the batch
     (``KDA_DESIGN``, ``kernels.launch``): ``use_designs(monkeypatch, verify="one-pass")``; an
-    op's name with ``_`` for ``-``. What the environment's ``KDA_DESIGN`` forces for other ops
-    stays forced (``KDA_DESIGN=products=split-tf32`` runs the tests on those products)."""
-    forced = {**kernels.launch.forced_designs(), **{op.replace("_", "-"): design for op, design in designs.items()}}
-    monkeypatch.setenv(kernels.launch.DESIGN_ENV, ",".join(f"{op}={design}" for op, design in forced.items()))
-    assert kernels.launch.forced_designs() == forced
+    op's name with ``_`` for ``-``."""
+    forced = ",".join(f"{op.replace('_', '-')}={design}" for op, design in designs.items())
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, forced)
+    assert kernels.launch.forced_designs() == {op.replace("_", "-"): design for op, design in designs.items()}
 
 
 @pytest.fixture(params=kernels.launch.DESIGNS["commit"])
