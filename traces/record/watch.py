@@ -40,7 +40,7 @@ def fingerprint(rows: torch.Tensor) -> torch.Tensor:
 
 def _as_words(flat: torch.Tensor) -> torch.Tensor:
     row_bytes = flat.shape[1] * flat.element_size()
-    as_bytes = flat.view(torch.uint8) if flat.shape[1] else flat.to(torch.uint8)
+    as_bytes = flat.view(torch.uint8)
     for dtype, size in ((torch.int32, 4), (torch.int16, 2)):
         if row_bytes % size == 0:
             return as_bytes.view(dtype)
