@@ -10,7 +10,12 @@ same replays (``traces.corpus.run.replay_one``) in a loop in this process and th
 worker pays its start-up there: spawn, imports, CUDA context, loading each kernel once) and
 over the whole corpus. The difference between the two, less the loop's, over the traces
 past the first 5 is the pool's steady cost per trace, quoted as a share of a trace's
-replay time; the start-up is quoted apart, once a run. Exit status 0 when every replay
+replay time; the start-up is quoted apart, once a run. It also quotes the median replay
+time each trace's result reports (measured inside the process that replayed it) for the
+loop and the pool, and for a loop in a spawned child without the pool's pipes: where the
+pool's cost lies (inside the worker's replays, or between them). ``--profile DIR`` writes
+cProfile tables (cumulative time, top 40) of the parent's loop and of the child's to DIR.
+Exit status 0 when every replay
 passed. On a machine without CUDA it runs through the Triton interpreter (use ``--impl
 reference`` and few traces there: a smoke run, no timing).
 """
@@ -18,6 +23,10 @@ reference`` and few traces there: a smoke run, no timing).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import multiprocessing
+import pstats
 import shutil
 import statistics
 import sys
@@ -47,11 +56,37 @@ def build_corpus(folder: Path, count: int) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
+def profiled(fn, out: Path | None, name: str):
+    """``fn()``; with ``out``, under cProfile, its table written to ``out/name``."""
+    if out is None:
+        return fn()
+    profile = cProfile.Profile()
+    value = profile.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(text.getvalue())
+    return value
+
+
+def child_loop(traces: list[Path], settings, device: str, profile: Path | None, conn) -> None:
+    """A spawned process set up as a pool worker is (``prepare_process``) replaying every trace
+    in a loop with no pipe between traces; sends back (wall seconds, each result's seconds)."""
+    from traces.corpus.run import prepare_process, replay_one
+
+    prepare_process(device)
+    [replay_one(t, settings, device) for t in traces[:DISTINCT]]  # load the kernels, as the parent's warm-up
+    began = time.perf_counter()
+    results = profiled(lambda: [replay_one(t, settings, device) for t in traces], profile, "profile-child-loop.txt")
+    conn.send((time.perf_counter() - began, [r.seconds for r in results]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=int, default=50)
     parser.add_argument("--impl", default="triton")
     parser.add_argument("--folder", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None)
     args = parser.parse_args()
     device = select_device()
     from traces.corpus.run import ReplaySettings, replay_one
@@ -70,10 +105,17 @@ def main() -> int:
             return value, time.perf_counter() - began
 
         head = traces[:DISTINCT]
-        loop, loop_wall = timed(lambda: [replay_one(t, settings, device) for t in traces])
+        loop, loop_wall = timed(lambda: profiled(lambda: [replay_one(t, settings, device) for t in traces],
+                                                 args.profile, "profile-parent-loop.txt"))
         _, loop_head = timed(lambda: [replay_one(t, settings, device) for t in head])
         first_run, pool_head = timed(lambda: run_pool(head, settings, device=device, workers=1))
         run, pool_wall = timed(lambda: run_pool(traces, settings, device=device, workers=1))
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        child = context.Process(target=child_loop, args=(traces, settings, device, args.profile, theirs))
+        child.start()
+        child_wall, child_seconds = ours.recv()
+        child.join()
 
     per_trace = statistics.median(r.seconds for r in loop)
     startup = pool_head - loop_head
@@ -84,6 +126,13 @@ def main() -> int:
           f"start-up {startup:.2f} s (once a run: spawn, imports, CUDA context, kernels loaded)")
     print(f"pool overhead per trace past start-up: {steady * 1e3:.2f} ms ({steady / per_trace:.1%} of a replay), "
           f"over the {rest} traces after the first {len(head)}")
+    inside = {"loop in this process": [r.seconds for r in loop], "pool worker": [r.seconds for r in run.results],
+              "loop in a spawned child": child_seconds}
+    print("a trace's replay as its result reports it (median ms): " +
+          ", ".join(f"{k} {statistics.median(v) * 1e3:.1f}" for k, v in inside.items()))
+    print(f"wall per trace: loop {loop_wall / len(traces) * 1e3:.1f} ms, spawned child's loop "
+          f"{child_wall / len(traces) * 1e3:.1f} ms, pool {(pool_wall - pool_head) / rest * 1e3:.1f} ms past the first "
+          f"{len(head)}")
     outcomes = [r.outcome for r in warm + loop + first_run.results + run.results]
     if any(o != "passed" for o in outcomes) or len(run.results) != len(traces):
         print(f"not every replay passed: {sorted(set(outcomes))}")
