@@ -4,20 +4,18 @@ usage: python3 benchmarks/corpus_overhead.py [--traces 50] [--impl triton] [--fo
 
 Builds a corpus of small K3-shaped traces (k3-tp8: H=12, K=V=128, T=8; 4 requests, at most 3
 decode steps each; 5 synthesised, copied up to ``--traces``) in ``--folder`` (a temporary
-folder by default), replays every trace once to warm Triton's disk cache, then times the
-same replays (``traces.corpus.run.replay_one``) in a loop in this process and through
-``traces.corpus.pool.run_pool`` with one worker, twice: over the 5 distinct traces (a new
-worker pays its start-up there: spawn, imports, CUDA context, loading each kernel once) and
-over the whole corpus. The difference between the two, less the loop's, over the traces
-past the first 5 is the pool's steady cost per trace, quoted as a share of a trace's
-replay time; the start-up is quoted apart, once a run. It also quotes the median replay
-time each trace's result reports (measured inside the process that replayed it) for the
-loop and the pool, and for a loop in a spawned child without the pool's pipes: where the
-pool's cost lies (inside the worker's replays, or between them). ``--profile DIR`` writes
-cProfile tables (cumulative time, top 40) of the parent's loop and of the child's to DIR.
-Exit status 0 when every replay
-passed. On a machine without CUDA it runs through the Triton interpreter (use ``--impl
-reference`` and few traces there: a smoke run, no timing).
+folder by default) and replays the 5 once to warm Triton's disk cache. Then it times the
+traces past the first 5 three ways: in a loop in this process
+(``traces.corpus.run.replay_one``), through ``traces.corpus.pool.run_pool`` with one worker
+(from the arrival of the 5th result to the last: the worker's start-up, once a run, is quoted
+apart), and in a loop in a spawned child set up as a worker (no pipe between traces). The
+pool's time less the loop's, per trace, is the pool's steady cost, quoted as a share of a
+trace's replay. The median replay time each result reports (measured inside the process
+that replayed it) tells whether that cost lies inside the worker's replays or between them.
+``--profile DIR`` writes cProfile tables (cumulative time, top 40) of the parent's loop and
+of the child's. Exit status 0 when every replay passed. On a machine without CUDA it runs
+through the Triton interpreter (use ``--impl reference`` and few traces there: a smoke run,
+no timing).
 """
 
 from __future__ import annotations
@@ -75,7 +73,7 @@ def child_loop(traces: list[Path], settings, device: str, profile: Path | None, 
     from traces.corpus.run import prepare_process, replay_one
 
     prepare_process(device)
-    [replay_one(t, settings, device) for t in traces[:DISTINCT]]  # load the kernels, as the parent's warm-up
+    [replay_one(t, settings, device) for t in traces[:DISTINCT]]  # load the kernels, as the pool's first traces do
     began = time.perf_counter()
     results = profiled(lambda: [replay_one(t, settings, device) for t in traces], profile, "profile-child-loop.txt")
     conn.send((time.perf_counter() - began, [r.seconds for r in results]))
@@ -104,36 +102,35 @@ def main() -> int:
             value = fn()
             return value, time.perf_counter() - began
 
-        head = traces[:DISTINCT]
-        loop, loop_wall = timed(lambda: profiled(lambda: [replay_one(t, settings, device) for t in traces],
+        rest = traces[DISTINCT:]
+        loop, loop_rest = timed(lambda: profiled(lambda: [replay_one(t, settings, device) for t in rest],
                                                  args.profile, "profile-parent-loop.txt"))
-        _, loop_head = timed(lambda: [replay_one(t, settings, device) for t in head])
-        first_run, pool_head = timed(lambda: run_pool(head, settings, device=device, workers=1))
-        run, pool_wall = timed(lambda: run_pool(traces, settings, device=device, workers=1))
+        arrivals: list[float] = []
+        began = time.perf_counter()
+        run = run_pool(traces, settings, device=device, workers=1,
+                       on_result=lambda _: arrivals.append(time.perf_counter()))
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
-        child = context.Process(target=child_loop, args=(traces, settings, device, args.profile, theirs))
+        child = context.Process(target=child_loop, args=(rest, settings, device, args.profile, theirs))
         child.start()
-        child_wall, child_seconds = ours.recv()
+        child_rest, child_seconds = ours.recv()
         child.join()
 
+    n = len(rest)
     per_trace = statistics.median(r.seconds for r in loop)
-    startup = pool_head - loop_head
-    rest = len(traces) - len(head)
-    steady = ((pool_wall - pool_head) - (loop_wall - loop_head)) / max(rest, 1)
+    pool_rest = arrivals[-1] - arrivals[DISTINCT - 1]
+    steady = (pool_rest - loop_rest) / max(n, 1)
     print(f"{len(traces)} traces, impl {args.impl} on {device}; a trace's replay: median {per_trace * 1e3:.1f} ms")
-    print(f"loop in one process: {loop_wall:.2f} s; pool, 1 worker: {pool_wall:.2f} s, of which the worker's "
-          f"start-up {startup:.2f} s (once a run: spawn, imports, CUDA context, kernels loaded)")
-    print(f"pool overhead per trace past start-up: {steady * 1e3:.2f} ms ({steady / per_trace:.1%} of a replay), "
-          f"over the {rest} traces after the first {len(head)}")
-    inside = {"loop in this process": [r.seconds for r in loop], "pool worker": [r.seconds for r in run.results],
-              "loop in a spawned child": child_seconds}
+    print(f"the pool's first {DISTINCT} results took {arrivals[DISTINCT - 1] - began:.2f} s (the worker's start-up: "
+          f"spawn, imports, CUDA context, each kernel loaded once)")
+    print(f"the {n} traces after them: loop in this process {loop_rest:.2f} s, pool (1 worker) {pool_rest:.2f} s, "
+          f"loop in a spawned child {child_rest:.2f} s")
+    print(f"pool overhead per trace past start-up: {steady * 1e3:.2f} ms ({steady / per_trace:.1%} of a replay)")
+    inside = {"loop in this process": [r.seconds for r in loop],
+              "pool worker": [r.seconds for r in run.results[DISTINCT:]], "loop in a spawned child": child_seconds}
     print("a trace's replay as its result reports it (median ms): " +
           ", ".join(f"{k} {statistics.median(v) * 1e3:.1f}" for k, v in inside.items()))
-    print(f"wall per trace: loop {loop_wall / len(traces) * 1e3:.1f} ms, spawned child's loop "
-          f"{child_wall / len(traces) * 1e3:.1f} ms, pool {(pool_wall - pool_head) / rest * 1e3:.1f} ms past the first "
-          f"{len(head)}")
-    outcomes = [r.outcome for r in warm + loop + first_run.results + run.results]
+    outcomes = [r.outcome for r in warm + loop + run.results]
     if any(o != "passed" for o in outcomes) or len(run.results) != len(traces):
         print(f"not every replay passed: {sorted(set(outcomes))}")
         return 1
