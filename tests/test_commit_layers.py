@@ -134,24 +134,33 @@ def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None,
                  lengths, align)
 
 
-def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
-    """Commit ``batch`` through both contexts and compare every buffer; with ``capture``, the
-    kernels' commit is captured in a CUDA graph (after a call of the same shapes that commits
-    nothing, which compiles the kernels) and replayed."""
-    before = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
-    if capture:
-        ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            ctx.commit(**batch.args())
-        graph.replay()
-    else:
+def commit(ctx, batch: Batch, capture: bool) -> None:
+    """``ctx.commit`` of ``batch``; with ``capture``, captured in a CUDA graph (after a call of
+    the same shapes that commits nothing, which compiles the kernels) and replayed."""
+    if not capture:
         ctx.commit(**batch.args())
-    ref_ctx.commit(**batch.args())
+        return
+    ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ctx.commit(**batch.args())
+    graph.replay()
+
+
+def assert_same_plan(ctx, other, batch: Batch) -> None:
     B = batch.state_indices.shape[0]
     for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
-        assert torch.equal(getattr(ctx.plan, name)[:B], getattr(ref_ctx.plan, name)[:B]), name
+        assert torch.equal(getattr(ctx.plan, name)[:B], getattr(other.plan, name)[:B]), name
+
+
+def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
+    """Commit ``batch`` through both contexts (the kernels' ``commit``, with ``capture`` or not)
+    and compare every buffer."""
+    before = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
+    commit(ctx, batch, capture)
+    ref_ctx.commit(**batch.args())
+    assert_same_plan(ctx, ref_ctx, batch)
     for i, (layer, layer64, old) in enumerate(zip(model.layers, model.layers64, before)):
         conv, state, correction, key_gate = layer.kv_cache
         conv64, state64, _, _ = layer64.kv_cache
@@ -170,17 +179,23 @@ def state_matches(actual: torch.Tensor, expected: torch.Tensor, rounds: int) -> 
     return rel_rmse(actual, expected) <= 1e-2  # bf16 roundings of the first round propagate
 
 
+def slot_layout(rng: random.Random, T: int, align: bool) -> tuple[int, int, list[int], list[list[int]] | None]:
+    """``(B, N, slots, align_slots)`` of ``make_batch``'s rows: ``N`` slots, slot 0 and three
+    spare NaN slots among them, the others shuffled among the rows' sources and block tables."""
+    B = T + 5
+    per_row = 1 + (TABLE_WIDTH if align else 0)
+    N = 1 + B * per_row + 3
+    free = list(range(1, N))
+    rng.shuffle(free)
+    align_slots = [free[B + TABLE_WIDTH * b:B + TABLE_WIDTH * (b + 1)] for b in range(B)] if align else None
+    return B, N, free[:B], align_slots
+
+
 def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lower_bound, dim=24, history=3,
                    capture=False):
     seed = fresh_seed()
     rng = random.Random(seed)
-    B = T + 5
-    per_row = 1 + (TABLE_WIDTH if align else 0)
-    N = 1 + B * per_row + 3  # slot 0 and three spare NaN slots
-    free = list(range(1, N))
-    rng.shuffle(free)
-    slots = free[:B]
-    align_slots = [free[B + TABLE_WIDTH * b:B + TABLE_WIDTH * (b + 1)] for b in range(B)] if align else None
+    B, N, slots, align_slots = slot_layout(rng, T, align)
     model = make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed)
     ctx = KDARecoverSSMCommitContext.create(model.layers, spec_query_len=T, max_num_reqs=B + 1,
                                             conv_dim_first=conv_dim_first)
@@ -309,13 +324,7 @@ def _module_context_rounds(device, context_type, L, T, state_dtype, align, conv_
     round, kda's buffers and the module's after the commit, and the batch."""
     seed = fresh_seed()
     rng = random.Random(seed)
-    B = T + 5
-    per_row = 1 + (TABLE_WIDTH if align else 0)
-    N = 1 + B * per_row + 3
-    free = list(range(1, N))
-    rng.shuffle(free)
-    slots = free[:B]
-    align_slots = [free[B + TABLE_WIDTH * b:B + TABLE_WIDTH * (b + 1)] for b in range(B)] if align else None
+    B, N, slots, align_slots = slot_layout(rng, T, align)
     model = make_model(device, L, N, 2, 16, 16, T, 24, 3, state_dtype, conv_dim_first, -5.0, seed)
     mine = _twin(model.layers)
     ctx = KDARecoverSSMCommitContext.create(model.layers, spec_query_len=T, max_num_reqs=B + 1,
@@ -329,17 +338,8 @@ def _module_context_rounds(device, context_type, L, T, state_dtype, align, conv_
             for theirs, ours in zip(layer.kv_cache, twin.kv_cache):
                 ours.copy_(theirs)
         ctx.commit(**batch.args())
-        if captured:
-            module_ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                module_ctx.commit(**batch.args())
-            graph.replay()
-        else:
-            module_ctx.commit(**batch.args())
-        B_ = batch.state_indices.shape[0]
-        for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
-            assert torch.equal(getattr(ctx.plan, name)[:B_], getattr(module_ctx.plan, name)[:B_]), name
+        commit(module_ctx, batch, captured)
+        assert_same_plan(ctx, module_ctx, batch)
         rounds.append(([layer.kv_cache for layer in model.layers], [layer.kv_cache for layer in mine], batch))
     return rounds
 
