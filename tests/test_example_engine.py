@@ -237,6 +237,7 @@ def _context_engine(seed: int, conv_dim_first: bool = True, graphs: bool = False
                   Conv(4, conv_dim_first))
 
 
+@pytest.mark.gpu
 def test_the_context_engine_commits_every_layer_once_a_step_as_a_server_does(monkeypatch, capsys):
     """One commit a step through the module's context, of every layer: rows in another order
     than their requests (read through ``request_indices``), padding rows, null slots, slots
@@ -273,6 +274,7 @@ def test_the_context_engine_commits_every_layer_once_a_step_as_a_server_does(mon
     assert any(-1 in slots for slots, _, _ in commits) and any(0 in slots for slots, _, _ in commits)
 
 
+@pytest.mark.gpu
 def test_the_conv_update_shifts_each_window_and_appends_its_inputs(device):
     """A full window, a partial one, a null slot with tokens and a padding row: a real slot's
     entries become history entries 1..W-2 then its new inputs, entries past them keep theirs;
@@ -299,6 +301,7 @@ def test_the_conv_update_shifts_each_window_and_appends_its_inputs(device):
     assert torch.equal(after[untouched].view(torch.int16), before[untouched].view(torch.int16))
 
 
+@pytest.mark.gpu
 @pytest.mark.gpu_only
 def test_the_context_engine_captured_in_cuda_graphs_runs_as_it_does_eagerly(capsys):
     """The whole step, the commit included, replayed from one CUDA graph prints what the same
