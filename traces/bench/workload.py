@@ -144,7 +144,8 @@ class Workload:
                 for j, d in enumerate(model)) for model in self.models]
         self.contexts = []
         if contexts:
-            conv = randn(1 + n_sets * B, Shape(H, K, V, 0, 0).conv_channels, CONV_WIDTH - 1 + T - 1, dtype=act)
+            channels = Shape(H, K, V, act.itemsize, state_dtype.itemsize).conv_channels
+            conv = randn(1 + n_sets * B, channels, CONV_WIDTH - 1 + T - 1, dtype=act)
             self.conv, self.pristine_conv = conv, conv.clone()
             self.requests = torch.arange(B, dtype=torch.int32, device=device)
             self.contexts = [self._context(g, span) for g in range(len(self.models))]
