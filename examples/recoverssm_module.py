@@ -154,8 +154,10 @@ class EngineCommitContext:
     def _move_conv_windows(self, state_indices, plan: CommitPlan) -> None:
         """Every layer: a committing row's window ending at its last accepted token (entries
         ``n - 1 ..``) goes to entries ``0 .. history - 1`` of its final slot, and with a
-        boundary the window ending at the boundary (``R - 1 ..``) to the boundary slot. Rows
-        that commit nothing copy the null slot's first entries onto themselves."""
+        boundary the window ending at the boundary (``R - 1 ..``) to the boundary slot. Every
+        window is read before any is written (the source may be a destination). A copy a row
+        does not make reads and writes the null slot's first entries, which no other copy
+        touches: every row copies, and no mask is read on the host."""
         B = state_indices.shape[0]
         n, final = plan.commit_lens, plan.final_state_indices
         commits = (state_indices > NULL_BLOCK_ID) & (n > 0) & (final > NULL_BLOCK_ID)
