@@ -405,3 +405,58 @@ def test_a_commit_of_all_layers_is_each_layer_s_commit(device):
     assert run.workload["layers"] == 3
     assert all(r.error is None and r.n_sets == 3 for r in rows.values())
     assert rows["commit-layers"].bytes == rows["commit"].bytes == 3 * bench.commit_bytes(TINY, [2, 2])
+
+
+def test_a_commit_context_s_bytes_by_hand():
+    from traces.bench.contract_bytes import CONV_WIDTH, model_folded_tokens, model_op_bytes
+
+    # a plan through requests (60 + 16 bytes), then per layer the commit (8192 + 768) and the conv windows of
+    # the folding rows: 2 rows x read and written x 3 inputs x 96 channels x 2 bytes
+    assert CONV_WIDTH == 4 and TINY.conv_channels == 96
+    assert model_op_bytes("commit-context", TINY, 2, 2, [2, 1], 3) == 60 + 16 + 3 * (8192 + 768 + 2 * 2 * 3 * 96 * 2)
+    assert model_op_bytes("commit-context", TINY, 2, 2, [2, 0], 1) == 60 + 16 + 4096 + 512 + 2 * 3 * 96 * 2
+    assert model_folded_tokens("commit-context", [2, 1], 3) == 9
+
+
+@pytest.mark.parametrize("spec", ["triton", "examples/recoverssm_module.py"])
+def test_a_commit_context_commits_what_commit_layers_does_and_moves_the_windows(device, spec):
+    """Each implementation's context (kda's, the example module's own) over the workload's
+    models leaves the state pool as ``commit-layers`` does, bit for bit, and each folding
+    row's conv window at the entries ending at its last accepted token, in every layer."""
+    import torch
+
+    from traces.bench.workload import STATE_DTYPES, Workload
+    from traces.impl.loader import load_impl
+
+    impl = load_impl(spec)
+    counts, B, T, L = [2, 1, 0], 3, 2, 2
+    work = Workload(impl, bench.PRESETS["tiny"], STATE_DTYPES["float32"], B, T, counts, 4, device, seed=5, layers=L,
+                    contexts=True)
+    assert len(work.contexts) == 2
+    work.restore("commit-layers")
+    work.run("commit-layers")
+    by_layers = work.pool.clone()
+    work.restore("commit-context")
+    work.run("commit-context")
+    assert not torch.equal(by_layers, work.pristine_pool) and torch.equal(work.pool, by_layers)
+    history = work.conv.shape[2] - T + 1
+    moved = work.pristine_conv.clone()
+    for s in range(4):  # set s is layer s % L of model s // L
+        for b, n in enumerate(counts):
+            if n > 0:
+                slot = int(work.slots[s, b])
+                moved[slot, :, :history] = work.pristine_conv[slot, :, n - 1:n - 1 + history]
+    assert torch.equal(work.conv, moved)
+
+
+def test_the_commit_context_row_appears_for_each_implementation_with_its_context(device):
+    config = bench.BenchConfig(preset="tiny", batches=(2,), ops=("commit-layers", "commit-context"),
+                               impls=("triton", "examples/recoverssm_module.py"), smoke=True, layers=2)
+    run = bench.run_bench(config, device)
+    rows = {(r.impl, r.name): r for r in run.rows}
+    assert all(r.error is None and r.count > 0 for r in rows.values()) and len(rows) == 4
+    for impl in config.impls:
+        assert rows[(impl, "commit-context")].bytes > rows[(impl, "commit-layers")].bytes
+    routes = run.workload["routes"]
+    assert routes["triton"]["commit-context"] == "triton (kernels.commit_context)"
+    assert routes["examples/recoverssm_module.py"]["commit-context"].endswith("(KDARecoverSSMCommitContext)")

@@ -134,24 +134,33 @@ def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None,
                  lengths, align)
 
 
-def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
-    """Commit ``batch`` through both contexts and compare every buffer; with ``capture``, the
-    kernels' commit is captured in a CUDA graph (after a call of the same shapes that commits
-    nothing, which compiles the kernels) and replayed."""
-    before = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
-    if capture:
-        ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            ctx.commit(**batch.args())
-        graph.replay()
-    else:
+def commit(ctx, batch: Batch, capture: bool) -> None:
+    """``ctx.commit`` of ``batch``; with ``capture``, captured in a CUDA graph (after a call of
+    the same shapes that commits nothing, which compiles the kernels) and replayed."""
+    if not capture:
         ctx.commit(**batch.args())
-    ref_ctx.commit(**batch.args())
+        return
+    ctx.commit(**{**batch.args(), "state_indices": torch.full_like(batch.state_indices, -1)})
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ctx.commit(**batch.args())
+    graph.replay()
+
+
+def assert_same_plan(ctx, other, batch: Batch) -> None:
     B = batch.state_indices.shape[0]
     for name in ("commit_lens", "final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
-        assert torch.equal(getattr(ctx.plan, name)[:B], getattr(ref_ctx.plan, name)[:B]), name
+        assert torch.equal(getattr(ctx.plan, name)[:B], getattr(other.plan, name)[:B]), name
+
+
+def check_round(ctx, ref_ctx, model: Model, batch: Batch, rounds: int, capture: bool = False) -> None:
+    """Commit ``batch`` through both contexts (the kernels' ``commit``, with ``capture`` or not)
+    and compare every buffer."""
+    before = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
+    commit(ctx, batch, capture)
+    ref_ctx.commit(**batch.args())
+    assert_same_plan(ctx, ref_ctx, batch)
     for i, (layer, layer64, old) in enumerate(zip(model.layers, model.layers64, before)):
         conv, state, correction, key_gate = layer.kv_cache
         conv64, state64, _, _ = layer64.kv_cache
@@ -170,17 +179,23 @@ def state_matches(actual: torch.Tensor, expected: torch.Tensor, rounds: int) -> 
     return rel_rmse(actual, expected) <= 1e-2  # bf16 roundings of the first round propagate
 
 
+def slot_layout(rng: random.Random, T: int, align: bool) -> tuple[int, int, list[int], list[list[int]] | None]:
+    """``(B, N, slots, align_slots)`` of ``make_batch``'s rows: ``N`` slots, slot 0 and three
+    spare NaN slots among them, the others shuffled among the rows' sources and block tables."""
+    B = T + 5
+    per_row = 1 + (TABLE_WIDTH if align else 0)
+    N = 1 + B * per_row + 3
+    free = list(range(1, N))
+    rng.shuffle(free)
+    align_slots = [free[B + TABLE_WIDTH * b:B + TABLE_WIDTH * (b + 1)] for b in range(B)] if align else None
+    return B, N, free[:B], align_slots
+
+
 def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lower_bound, dim=24, history=3,
                    capture=False):
     seed = fresh_seed()
     rng = random.Random(seed)
-    B = T + 5
-    per_row = 1 + (TABLE_WIDTH if align else 0)
-    N = 1 + B * per_row + 3  # slot 0 and three spare NaN slots
-    free = list(range(1, N))
-    rng.shuffle(free)
-    slots = free[:B]
-    align_slots = [free[B + TABLE_WIDTH * b:B + TABLE_WIDTH * (b + 1)] for b in range(B)] if align else None
+    B, N, slots, align_slots = slot_layout(rng, T, align)
     model = make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed)
     ctx = KDARecoverSSMCommitContext.create(model.layers, spec_query_len=T, max_num_reqs=B + 1,
                                             conv_dim_first=conv_dim_first)
@@ -295,3 +310,94 @@ def test_commit_names_the_bad_argument_and_writes_nothing(device, change, messag
     with pytest.raises(ValueError, match=message):
         ctx.commit(**args)
     assert all(same_bits(a, b) for a, b in zip((t for layer in layers for t in layer.kv_cache), before))
+
+
+def _twin(layers: list[CommitLayer]) -> list[CommitLayer]:
+    """Layers over copies of ``layers``' buffers (the same gate parameters)."""
+    return [CommitLayer(tuple(t.clone() for t in layer.kv_cache), *list(vars(layer).values())[1:])
+            for layer in layers]
+
+
+def _module_context_rounds(device, context_type, L, T, state_dtype, align, conv_dim_first, captured=False):
+    """Two rounds (as ``run_two_rounds``) of the same commits through kda's context and
+    through ``context_type`` (the example module's) on a twin of the buffers; returns, per
+    round, kda's buffers and the module's after the commit, and the batch."""
+    seed = fresh_seed()
+    rng = random.Random(seed)
+    B, N, slots, align_slots = slot_layout(rng, T, align)
+    model = make_model(device, L, N, 2, 16, 16, T, 24, 3, state_dtype, conv_dim_first, -5.0, seed)
+    mine = _twin(model.layers)
+    ctx = KDARecoverSSMCommitContext.create(model.layers, spec_query_len=T, max_num_reqs=B + 1,
+                                            conv_dim_first=conv_dim_first)
+    module_ctx = context_type.create(mine, spec_query_len=T, max_num_reqs=B + 1, conv_dim_first=conv_dim_first)
+    rounds = []
+    for round_ in (1, 2):
+        batch = make_batch(device, T, slots, align_slots, block_size=T + round_ - 1, rng=rng, by_request=round_ == 1)
+        fill_sources(model, batch, T, fill_state=round_ == 1)
+        for layer, twin in zip(model.layers, mine):
+            for theirs, ours in zip(layer.kv_cache, twin.kv_cache):
+                ours.copy_(theirs)
+        ctx.commit(**batch.args())
+        commit(module_ctx, batch, captured)
+        assert_same_plan(ctx, module_ctx, batch)
+        rounds.append(([layer.kv_cache for layer in model.layers], [layer.kv_cache for layer in mine], batch))
+    return rounds
+
+
+MODULE_CASES = [
+    pytest.param(2, 4, torch.float32, False, True, id="L2-T4-fp32-stock-conv-dim-first"),
+    pytest.param(3, 3, torch.float32, True, False, id="L3-T3-fp32-align-conv-dim-last"),
+    pytest.param(2, 2, torch.bfloat16, True, True, id="L2-T2-bf16-align-conv-dim-first"),
+    pytest.param(2, 4, torch.bfloat16, False, False, id="L2-T4-bf16-stock-conv-dim-last"),
+]
+
+
+@pytest.mark.parametrize("L,T,state_dtype,align,conv_dim_first", MODULE_CASES)
+def test_the_example_modules_context_equals_kdas_bit_for_bit(device, L, T, state_dtype, align, conv_dim_first):
+    """The example engine's own context (plan on the rows' requests, conv windows moved with
+    torch, a commit a layer) leaves every buffer of every layer as kda's context does, bit
+    for bit, over two rounds of every accept length, padding, null slots and align boundaries."""
+    from examples.recoverssm_module import EngineCommitContext
+
+    for kda_buffers, module_buffers, _ in _module_context_rounds(device, EngineCommitContext, L, T, state_dtype,
+                                                                 align, conv_dim_first):
+        for i, (theirs, ours) in enumerate(zip(kda_buffers, module_buffers)):
+            for name, a, b in zip(("conv_state", "checkpoint_state", "correction", "key_gate"), theirs, ours):
+                assert same_bits(a, b), f"layer {i}: {name} differs from kda's context"
+
+
+@pytest.mark.gpu_only
+def test_the_example_modules_context_replays_from_a_cuda_graph(device):
+    """No host read, no allocation a commit: captured after one commit of padding rows, it replays."""
+    from examples.recoverssm_module import EngineCommitContext
+
+    for kda_buffers, module_buffers, _ in _module_context_rounds(device, EngineCommitContext, 3, 4, torch.float32,
+                                                                 True, False, captured=True):
+        assert all(same_bits(a, b) for theirs, ours in zip(kda_buffers, module_buffers) for a, b in zip(theirs, ours))
+
+
+@pytest.mark.parametrize("conv_dim_first", [True, False], ids=["conv-dim-first", "conv-dim-last"])
+def test_the_conv_window_bug_moves_layer_1s_full_windows_one_entry_early(device, conv_dim_first):
+    """``EarlyConvWindowContext`` differs from kda's context only in layer 1's conv state,
+    only at entries ``0 .. history - 1`` of the final slots of rows that accept all T tokens,
+    which hold the source's entries ``T - 2 ..``; states and every other window match."""
+    from examples.recoverssm_module import EarlyConvWindowContext
+
+    T, history = 4, 3
+    for kda_buffers, module_buffers, batch in _module_context_rounds(device, EarlyConvWindowContext, 2, T,
+                                                                     torch.float32, False, conv_dim_first):
+        full = [s for b, s in enumerate(batch.state_indices.tolist()) if s > 0 and batch.lengths[b] == T
+                and int(batch.num_accepted[b if batch.request_indices is None else batch.request_indices[b]]) >= T]
+        assert full
+        for i, (theirs, ours) in enumerate(zip(kda_buffers, module_buffers)):
+            assert all(same_bits(a, b) for a, b in zip(theirs[1:], ours[1:])), f"layer {i}: state or records"
+            conv, expected = (c if conv_dim_first else c.transpose(1, 2) for c in (ours[0], theirs[0]))
+            if i != 1:
+                assert same_bits(conv, expected), f"layer {i}: conv state"
+                continue
+            bits = [c.contiguous().view(torch.int16) for c in (conv, expected)]  # bfloat16: NaNs compared by bits
+            differs = (bits[0] != bits[1]).any(dim=1).nonzero().tolist()
+            assert sorted({slot for slot, _ in differs}) == sorted(full)
+            assert all(entry < history for _, entry in differs)
+            for slot in full:
+                assert same_bits(conv[slot, :, 1:history], expected[slot, :, :history - 1])

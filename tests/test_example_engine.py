@@ -3,7 +3,9 @@
 --patch examples.recoverssm_module`` records it unedited, in each mode and on a layer other
 than 0, and the recording replays through kda's kernels and through the module bit for bit,
 and through the reference; with the module's commit bug on, the recording fails and ``kda
-repro`` shrinks it to a bundle that fails at the commit the bug made."""
+repro`` shrinks it to a bundle that fails at the commit the bug made. With ``--commit context``
+the engine keeps conv state, runs its conv update and commits every layer at once through the
+module's own context, the same for the same seed, and captured in CUDA graphs as it runs eagerly."""
 
 from __future__ import annotations
 
@@ -167,7 +169,10 @@ def test_the_commit_bug_fails_the_replay_and_repro_shrinks_it_to_the_commit(reco
     (["--graphs"], {}, "Error: --graphs needs a CUDA device"),
     (["--steps", "0"], {}, "Error: --steps 0: expected a positive number"),
     ([], {BUG: "commit-lens"}, f"Error: {BUG}=commit-lens: expected one of commit-len"),
-], ids=["graphs-on-a-cpu", "no-steps", "unknown-bug"])
+    (["--commit", "context", "--mode", "deferred"], {}, "Error: --mode deferred: --commit context runs stock steps"),
+    (["--conv-layout", "token_first"], {}, "Error: --conv-layout: applies only with --commit context"),
+    (["--commit", "context", "--conv-width", "1"], {}, "Error: --conv-width 1: expected at least 2"),
+], ids=["graphs-on-a-cpu", "no-steps", "unknown-bug", "context-deferred", "conv-without-context", "conv-width-1"])
 def test_the_engine_refuses_bad_input_with_one_line(args, env, message):
     if args == ["--graphs"] and torch.cuda.is_available():
         pytest.skip("--graphs runs on a CUDA device")
@@ -205,3 +210,107 @@ def test_the_stale_slot_commit_folds_one_record_more_on_a_slot_reused_by_another
                                       record_indices=i32(row))
         assert torch.equal(pool, expected), f"slot {slot}, record row {row}, n={n}: expected {folds} folded"
         assert plan.commit_lens.tolist() == [n]
+
+
+CONTEXT_ARGS = ["--commit", "context", "--layers", "2", "--steps", "4"]
+
+
+def test_the_context_engine_gives_the_same_pools_and_conv_states_for_the_same_seed():
+    """Each layer's line holds its state pool's checksum and its conv pool's; both change over
+    the run, each layer has its own, the same seed prints the same, another seed not."""
+    runs = [_run([sys.executable, ENGINE, *CONTEXT_ARGS, *extra]) for extra in
+            (["--seed", "3"], ["--seed", "3"], ["--seed", "4"], ["--seed", "3", "--conv-layout", "token_first"])]
+    assert all(done.returncode == 0 for done in runs), [done.stderr for done in runs]
+    lines = [_step_lines(done.stdout) for done in runs]
+    assert len(lines[0]) == 4 + 1 and lines[0] == lines[1] and lines[0] != lines[2]
+    assert lines[3] == lines[0]  # the layout changes where entries live, not what they hold
+    pairs = [[layer.split("/") for layer in line.split("pools ")[1].split()] for line in lines[0]]
+    assert all(len(p) == 2 and p[0] != p[1] for p in pairs)
+    assert pairs[0][0][0] != pairs[-1][0][0] and pairs[0][0][1] != pairs[-1][0][1]
+
+
+def _context_engine(seed: int, conv_dim_first: bool = True, graphs: bool = False):
+    from examples import recoverssm_module as mod
+    from examples.serve_engine import PRESETS, Conv, Engine
+
+    return Engine(mod, PRESETS["tiny"], 2, seed, "cuda" if torch.cuda.is_available() else "cpu", graphs,
+                  Conv(4, conv_dim_first))
+
+
+@pytest.mark.gpu
+def test_the_context_engine_commits_every_layer_once_a_step_as_a_server_does(monkeypatch, capsys):
+    """One commit a step through the module's context, of every layer: rows in another order
+    than their requests (read through ``request_indices``), padding rows, null slots, slots
+    reused by another request; verify writes records at the slots."""
+    engine = _context_engine(seed=5)
+    commits, verifies = [], []
+    commit = engine.context.commit
+
+    def recorded_commit(num_accepted, slots, qsl, request_indices=None, **align):
+        commits.append((slots.tolist(), request_indices.tolist(), num_accepted.tolist()))
+        commit(num_accepted, slots, qsl, request_indices=request_indices, **align)
+
+    verify = engine.mod.kda_recoverssm_verify
+
+    def recorded_verify(*args, record_indices=None, **kwargs):
+        verifies.append((args[11].tolist(), record_indices.tolist()))
+        return verify(*args, record_indices=record_indices, **kwargs)
+
+    monkeypatch.setattr(engine.context, "commit", recorded_commit)
+    monkeypatch.setattr(engine.mod, "kda_recoverssm_verify", recorded_verify)
+    engine.run(8, "stock")
+    capsys.readouterr()
+    assert len(commits) == 8 and len(verifies) == 8 * 2
+    assert all(slots == rows for slots, rows in verifies)
+    owner, reused = {}, False
+    for slots, requests, accepted in commits:
+        assert sorted(requests) == list(range(len(slots)))
+        for slot, request in zip(slots, requests):
+            if slot > 0:
+                reused |= owner.setdefault(slot, request) != request
+                owner[slot] = request
+    assert reused
+    assert any(requests != sorted(requests) for slots, requests, _ in commits if sum(s > 0 for s in slots) > 1)
+    assert any(-1 in slots for slots, _, _ in commits) and any(0 in slots for slots, _, _ in commits)
+
+
+@pytest.mark.gpu
+def test_the_conv_update_shifts_each_window_and_appends_its_inputs(device):
+    """A full window, a partial one, a null slot with tokens and a padding row: a real slot's
+    entries become history entries 1..W-2 then its new inputs, entries past them keep theirs;
+    every other slot keeps its bits."""
+    from examples.serve_engine import update_conv
+
+    engine = _context_engine(seed=2, conv_dim_first=False)
+    layer, batch, T = engine.layers[0], engine.batch, engine.shape.T
+    g = torch.Generator().manual_seed(7)
+    layer.conv_state.copy_(torch.randn(layer.conv_state.shape, generator=g).to(layer.conv_state))
+    layer.conv_in.copy_(torch.randn(layer.conv_in.shape, generator=g).to(layer.conv_in))
+    lens = [T, 2, T, T]
+    batch.fill([3, 5, 0, -1], [3, 5, 0, -1], lens, [0] * 4, [False] * 4, [False] * 4, [0, 1, 2, 3])
+    before = layer.conv_by_token.clone()
+    update_conv(layer, batch)
+    after, W = layer.conv_by_token, 4
+    starts = [0, T, T + 2]
+    for slot, m, start in ((3, T, starts[0]), (5, 2, starts[1])):
+        expected = before[slot].clone()
+        expected[:W - 2] = before[slot, 1:W - 1]
+        expected[W - 2:W - 2 + m] = layer.conv_in[start:start + m]
+        assert torch.equal(after[slot], expected), f"slot {slot}"
+    untouched = [s for s in range(after.shape[0]) if s not in (3, 5)]
+    assert torch.equal(after[untouched].view(torch.int16), before[untouched].view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_only
+def test_the_context_engine_captured_in_cuda_graphs_runs_as_it_does_eagerly(capsys):
+    """The whole step, the commit included, replayed from one CUDA graph prints what the same
+    draws print run eagerly."""
+    outputs = []
+    for capture in (True, False):
+        engine = _context_engine(seed=6, graphs=True)
+        if capture:
+            engine.capture([False])
+        engine.run(6, "stock")
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and "step 5" in outputs[0]

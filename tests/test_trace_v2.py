@@ -106,6 +106,27 @@ def test_a_conv_window_one_position_off_is_named_by_layer_slot_and_position(v2_t
     assert not bad_elements(report, "states")  # the state commit is kda's own
 
 
+EXAMPLE_MODULE = str(Path(__file__).parents[1] / "examples" / "recoverssm_module.py")
+
+
+def test_the_example_modules_own_context_replays(v2_trace, capsys, monkeypatch):
+    """The example engine's module carries a commit context of its own: the trace's commits
+    of every layer run through it and pass."""
+    monkeypatch.delenv("KDA_EXAMPLE_BUG", raising=False)
+    code, report = replay_json([str(v2_trace), "--impl", EXAMPLE_MODULE], capsys, monkeypatch)
+    assert code == 0 and report["passed"]
+    assert report["routes"]["commit_layers"].endswith("(KDARecoverSSMCommitContext)")
+
+
+def test_the_example_modules_conv_window_bug_is_named_at_layer_1(v2_trace, capsys, monkeypatch):
+    monkeypatch.setenv("KDA_EXAMPLE_BUG", "conv-window")
+    code, report = replay_json([str(v2_trace), "--impl", EXAMPLE_MODULE, "--stop-at-first"], capsys, monkeypatch)
+    assert code == 1 and not report["passed"]
+    first = bad_elements(report, "conv_windows")[0]
+    assert first["op"] == "commit_layers" and first["layer"] == 1 and first["slot"] >= 1
+    assert 0 <= first["position"] < 2 and not bad_elements(report, "states")
+
+
 def test_layers_option_compares_only_those_layers(v2_trace, capsys, monkeypatch):
     code, report = replay_json([str(v2_trace), "--impl", BROKEN_CONV, "--layers", "2"], capsys, monkeypatch)
     assert code == 1

@@ -109,7 +109,8 @@ def bench(
                                    help="implementations side by side: triton, reference, a module or a .py file; "
                                         "repeat or comma-separate"),
     ops: Optional[str] = typer.Option(None, "--ops", help="ops and steps to time, comma-separated "
-                                      "[all: verify,plan,defer,commit,flush,flush-verify,step-stock,step-deferred; also commit-layers]"),
+                                      "[all: verify,plan,defer,commit,flush,flush-verify,step-stock,step-deferred; also commit-layers, "
+                                      "commit-context]"),
     eager: bool = typer.Option(False, "--eager", help="time eager calls instead of CUDA graph replays"),
     reps: int = typer.Option(100, "--reps", help="most samples per row (fewer if --row-seconds runs out, but at "
                                                  "least 10, or --reps if fewer)"),
@@ -123,7 +124,9 @@ def bench(
     format: str = typer.Option("human", "--format", help="human or json"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write GB/s against batch to this PNG (needs matplotlib)"),
     layers: int = typer.Option(1, "--layers", help="KDA layers of a model: every row times one model's calls "
-                                                   "(add commit-layers to --ops for its one commit of all layers)"),
+                                                   "(add commit-layers to --ops for its one commit of all layers, "
+                                                   "commit-context for its whole commit through each --impl's "
+                                                   "commit context)"),
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
     force: bool = force_option("the --save and --plot files"),

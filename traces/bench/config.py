@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from traces.format.dtype_names import dtype_name, spelled
 
 OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
-LAYER_OPS = ("commit-layers",)
+LAYER_OPS = ("commit-layers", "commit-context")
 """Ops timed only when asked for (``--ops``): ``commit-layers`` is one commit of every layer of
-a model (``--layers``)."""
+a model (``--layers``); ``commit-context`` is a model's whole commit (plan, conv windows and
+state of every layer) through the implementation's commit context."""
 STATE_DTYPE_NAMES = ("float32", "bfloat16")
 """Checkpoint state dtypes a bench run takes, by full name (``traces.format.dtype_names``)."""
 ACCEPT_MODES = ("full", "random")

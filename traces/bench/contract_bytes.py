@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+CONV_WIDTH = 4
+"""Width W of the short convolution before each KDA layer (Kimi's): a conv state keeps W - 1
+inputs for the next window."""
+
 STEPS = {"step-stock": ("verify", "plan", "commit"), "step-deferred": ("flush-verify", "plan", "defer")}
 """The ops whose contract bytes make up a step's. A deferred step's flush and verify read
 each slot once between them (``flush_verify_bytes``), whether or not an implementation
@@ -31,6 +35,11 @@ class Shape:
         return self.heads * self.head_v_dim * self.head_k_dim * self.state_bytes
 
     @property
+    def conv_channels(self) -> int:
+        """Channels of a layer's short convolution: the q, k and v projections of every head."""
+        return self.heads * (2 * self.head_k_dim + self.head_v_dim)
+
+    @property
     def record_token_bytes(self) -> int:
         """One token's records over all heads: fp32 correction [V] and key+gate [2K]."""
         return self.heads * (4 * self.head_v_dim + 2 * self.head_k_dim * self.act_bytes)
@@ -50,6 +59,13 @@ def commit_bytes(s: Shape, commit_lens: list[int]) -> int:
     """Per row with ``n > 0``: the slot read and written, and ``n`` tokens of records read."""
     folding = [n for n in commit_lens if n > 0]
     return len(folding) * 2 * s.slot_bytes + sum(folding) * s.record_token_bytes
+
+
+def conv_window_bytes(s: Shape, commit_lens: list[int]) -> int:
+    """Per row with ``n > 0``: its conv window of ``CONV_WIDTH - 1`` inputs of every channel
+    read and written (activation dtype)."""
+    folding = sum(1 for n in commit_lens if n > 0)
+    return folding * 2 * (CONV_WIDTH - 1) * s.conv_channels * s.act_bytes
 
 
 def plan_bytes(batch: int, align: bool = False) -> int:
@@ -95,9 +111,13 @@ def op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[i
 def model_op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[int], layers: int) -> int:
     """``op_bytes`` of one model of ``layers`` layers: each op on every layer; a stock step of
     several layers plans once (its plan is every layer's); ``commit-layers`` is ``commit``'s
-    bytes on every layer."""
+    bytes on every layer; ``commit-context`` adds a plan through request indices (each row's
+    request read, its record row written) and every layer's conv windows."""
     if name == "commit-layers":
         return layers * op_bytes("commit", s, batch, spec_len, commit_lens)
+    if name == "commit-context":
+        return (plan_bytes(batch) + 2 * 4 * batch
+                + layers * (op_bytes("commit", s, batch, spec_len, commit_lens) + conv_window_bytes(s, commit_lens)))
     if name == "step-stock" and layers > 1:
         return layers * (op_bytes("verify", s, batch, spec_len, commit_lens)
                          + op_bytes("commit", s, batch, spec_len, commit_lens)) + plan_bytes(batch)
@@ -106,7 +126,7 @@ def model_op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: 
 
 def model_folded_tokens(name: str, commit_lens: list[int], layers: int) -> int:
     """``op_folded_tokens`` of one model of ``layers`` layers."""
-    return layers * op_folded_tokens("commit" if name == "commit-layers" else name, commit_lens)
+    return layers * op_folded_tokens("commit" if name in ("commit-layers", "commit-context") else name, commit_lens)
 
 
 def op_folded_tokens(name: str, commit_lens: list[int]) -> int:

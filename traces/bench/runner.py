@@ -26,11 +26,17 @@ def start_run(config: BenchConfig, device: str, progress: Callable[[str], None])
     return impls, cuda, mode, call_mode, timer, ceiling
 
 
-def impl_routes(impls: dict) -> dict[str, dict[str, str]]:
-    """Per implementation spec: op -> the implementation it runs through (``traces.impl.surface``)."""
+def impl_routes(impls: dict, ops: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """Per implementation spec: op -> the implementation it runs through (``traces.impl.surface``),
+    and with ``commit-context`` among ``ops``, the commit context it runs."""
     from traces.impl.surface import op_routes
+    from traces.replay.commit_context import commit_context_type
 
-    return {spec: op_routes(impl, spec) for spec, impl in impls.items()}
+    routes = {spec: op_routes(impl, spec) for spec, impl in impls.items()}
+    if "commit-context" in ops:
+        for spec, impl in impls.items():
+            routes[spec]["commit-context"] = commit_context_type(impl, spec)[1]
+    return routes
 
 
 def timing_record(config: BenchConfig, mode: str, timer) -> dict:

@@ -54,7 +54,8 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
                 n_sets = -(-n_sets // L) * L  # whole models of L layers
                 for spec, impl in impls.items():
                     try:
-                        work = Workload(impl, preset, state_dtype, B, T, counts, n_sets, device, config.seed, L)
+                        work = Workload(impl, preset, state_dtype, B, T, counts, n_sets, device, config.seed, L,
+                                        contexts="commit-context" in config.ops)
                     except (RuntimeError, ValueError, TypeError) as exc:
                         work, setup_error = None, f"workload set-up failed: {type(exc).__name__}: {exc}"
                     for name in config.ops:
@@ -91,7 +92,7 @@ def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] 
         "state_dtype": str(state_dtype).removeprefix("torch."), "lower_bound": preset.lower_bound,
         "accept": config.accept, "seed": config.seed, "layers": config.layers, "batches": list(config.batches),
         "spec_lens": list(config.spec_lens), "impls": list(config.impls), "ops": list(config.ops),
-        "routes": impl_routes(impls),
+        "routes": impl_routes(impls, config.ops),
     }
     return BenchRun(workload=workload, timing=timing_record(config, mode, timer), environment=environment(),
                     copy_ceiling=ceiling, rows=rows, label=SMOKE_LABEL if config.smoke else None,

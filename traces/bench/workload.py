@@ -37,9 +37,17 @@ one call of a row is one model's: every op above on each of its layers, except
     commit-layers  one ``kda_recoverssm_commit_layers`` of the model's L layers (where the
                    implementation has none: a commit a layer)
     step-stock     verify(s) for each layer; then one plan and one commit-layers
+    commit-context one ``commit`` of the implementation's commit context over the model's
+                   layers (``traces.replay.commit_context.commit_context_type``: kda's
+                   ``kernels.commit_context`` for triton, a module's own where it has one):
+                   plan through request indices, conv windows and state of every layer
 
 A model's layers share the first set's slots and plan: layer ``j`` sees the pool through a
-view ``j B`` slots further on, so the same slot indices name its own set's slots.
+view ``j B`` slots further on, so the same slot indices name its own set's slots. Records
+have a row per slot (row ``r`` is slot ``r``'s, row 0 the null slot's), so the same views
+give a commit context its records per slot; with ``contexts``, a conv state pool
+``[1 + n_sets*B, conv_channels, S]`` (``S = CONV_WIDTH - 1 + T - 1``, activation dtype) is
+viewed the same way, and each model has its context, planning into its first set's plan.
 """
 
 from __future__ import annotations
@@ -51,13 +59,13 @@ from types import ModuleType
 import torch
 
 from traces.bench.config import STATE_DTYPE_NAMES, Preset
-from traces.bench.contract_bytes import Shape
+from traces.bench.contract_bytes import CONV_WIDTH, Shape
 
 STATE_DTYPES = {name: getattr(torch, name) for name in STATE_DTYPE_NAMES}
 _MAX_SETS = 4096
 _MEMORY_FRACTION = 0.5
 # Ops that write the checkpoint pool and so need it restored before every sample.
-_WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred", "commit-layers"}
+_WRITES_STATE = {"commit", "flush", "flush-verify", "step-stock", "step-deferred", "commit-layers", "commit-context"}
 
 
 def accepted_counts(accept: str, batch: int, spec_len: int, seed: int) -> list[int]:
@@ -77,7 +85,7 @@ class Workload:
     """
 
     def __init__(self, impl: ModuleType, preset: Preset, state_dtype: torch.dtype, batch: int, spec_len: int,
-                 counts: list[int], n_sets: int, device: str, seed: int, layers: int = 1):
+                 counts: list[int], n_sets: int, device: str, seed: int, layers: int = 1, contexts: bool = False):
         H, K, V, T, B = preset.heads, preset.head_k_dim, preset.head_v_dim, spec_len, batch
         act = getattr(torch, preset.activation_dtype)
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -103,7 +111,7 @@ class Workload:
         self.record_rows = torch.arange(B, dtype=torch.int32, device=device)
         n = torch.tensor(counts, dtype=torch.int32, device=device).clamp(0, T)
         self.num_accepted = n.repeat(n_sets, 1)
-        self.records = impl.allocate_records(n_sets * B, H, T, K, V, act, device)
+        self.records = impl.allocate_records(1 + n_sets * B, H, T, K, V, act, device)
         self.records.correction.copy_(randn(*self.records.correction.shape, dtype=torch.float32, scale=0.1))
         self.records.key_gate.copy_(randn(*self.records.key_gate.shape, dtype=act))
         # Stock plan (docs/design.md §6) for real rows: fold n in place, no boundary.
@@ -117,7 +125,7 @@ class Workload:
         records_type = type(self.records)
         self.sets = []
         for s in range(n_sets):
-            rows = slice(s * B, (s + 1) * B)
+            rows = slice(1 + s * B, 1 + (s + 1) * B)
             self.sets.append(dict(
                 q=self.q[s:s + 1], k=self.k[s:s + 1], g=self.g[s:s + 1], v=self.v[s:s + 1],
                 beta=self.beta[s:s + 1], out=self.out[s:s + 1], slots=self.slots[s],
@@ -127,13 +135,34 @@ class Workload:
             ))
         self.layers = layers
         self.models = [self.sets[g:g + layers] for g in range(0, n_sets - layers + 1, layers)]
+        span = 1 + (n_sets - layers + 1) * B  # the slots every layer's view holds
         self.layer_tables = []
         if layers > 1 and all(hasattr(impl, name) for name in
                               ("kda_recoverssm_commit_layers", "LayerBuffers", "LayerTables")):
-            span = 1 + (n_sets - layers + 1) * B  # the slots every layer's view holds
             self.layer_tables = [impl.LayerTables.of(
                 impl.LayerBuffers(self.pool[j * B:j * B + span], d["records"], self.A_log, self.dt_bias)
                 for j, d in enumerate(model)) for model in self.models]
+        self.contexts = []
+        if contexts:
+            channels = Shape(H, K, V, act.itemsize, state_dtype.itemsize).conv_channels
+            conv = randn(1 + n_sets * B, channels, CONV_WIDTH - 1 + T - 1, dtype=act)
+            self.conv, self.pristine_conv = conv, conv.clone()
+            self.requests = torch.arange(B, dtype=torch.int32, device=device)
+            self.contexts = [self._context(g, span) for g in range(len(self.models))]
+
+    def _context(self, g: int, span: int):
+        """Model ``g``'s commit context: layer ``j`` over the pool, records and conv state seen
+        ``j B`` slots further on, planning into the model's first set's plan."""
+        from kernels.commit_context import CommitLayer
+        from traces.replay.commit_context import commit_context_type
+
+        B, H, _, K = self.slots.shape[1], *self.pool.shape[1:]
+        views = [slice(j * B, j * B + span) for j in range(self.layers)]
+        model = [CommitLayer((self.conv[v], self.pool[v], self.records.correction[v], self.records.key_gate[v]),
+                             self.A_log, self.dt_bias, H, K, self.lower_bound) for v in views]
+        context = commit_context_type(self.impl)[0].create(model, spec_query_len=self.T, max_num_reqs=B)
+        context.plan = self.models[g][0]["plan"]
+        return context
 
     @property
     def calls(self) -> int:
@@ -194,6 +223,10 @@ class Workload:
         if name == "commit-layers":
             for g in range(len(self.models)):
                 self._commit_layers(g)
+        elif name == "commit-context":
+            for context, model in zip(self.contexts, self.models):
+                first = model[0]
+                context.commit(first["accepted"], first["slots"], self.qsl, request_indices=self.requests)
         elif name == "step-stock" and self.layers > 1:
             for g, model in enumerate(self.models):
                 for d in model:
@@ -223,11 +256,14 @@ class Workload:
         self.pending.copy_(self.pristine_pending)
         if name in _WRITES_STATE:
             self.pool.copy_(self.pristine_pool)
+        if name == "commit-context":
+            self.conv.copy_(self.pristine_conv)
 
     def finite(self) -> bool:
-        """Whether outputs, records and the state pool hold no NaN or Inf."""
+        """Whether outputs, records, the state pool (and conv states) hold no NaN or Inf."""
+        convs = (self.conv,) if self.contexts else ()
         return all(bool(torch.isfinite(t).all()) for t in
-                   (self.out, self.pool, self.records.correction, self.records.key_gate))
+                   (self.out, self.pool, self.records.correction, self.records.key_gate, *convs))
 
 
 def set_bytes(preset: Preset, state_dtype: torch.dtype, batch: int, spec_len: int) -> int:

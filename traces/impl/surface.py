@@ -5,8 +5,9 @@ A serving engine's RecoverSSM module exposes ``kda_recoverssm_verify``,
 ``_prepare_flush_plan_kernel``, which the engine launches itself. ``SurfaceImpl`` turns such a
 module into the five-function API: verify, defer and the flush plan run through the module's
 own function and kernels, launched as documented (grid ``(B,)``, positional arguments); the
-stock plan, the commit and the commit half of a flush run through kda's Triton kernels.
-``routes`` says which op ran where.
+stock plan, the commit and the commit half of a flush run through kda's Triton kernels. A
+module's own ``KDARecoverSSMCommitContext`` is kept (``traces.replay.commit_context`` runs
+a trace's commit of every layer through it). ``routes`` says which op ran where.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SurfaceImpl:
         self.CommitPlan = buffers.CommitPlan
         self.allocate_records = getattr(module, "allocate_records", None) or buffers.allocate_records
         self.NULL_BLOCK_ID = getattr(module, "NULL_BLOCK_ID", buffers.NULL_BLOCK_ID)
+        self.KDARecoverSSMCommitContext = getattr(module, "KDARecoverSSMCommitContext", None)
         self.routes = {"verify": f"{name} (kda_recoverssm_verify)", "plan": KDA,
                        "defer": f"{name} (_defer_commit_kernel)", "commit": KDA,
                        "flush": f"{name} (_prepare_flush_plan_kernel) + {KDA} (commit)"}
