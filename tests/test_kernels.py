@@ -59,7 +59,8 @@ CONFIGS = [
 
 # the stock round trip pairs every design of each op with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
-                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
+                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide"),
+                 ("two-kernels-persistent", "fold-operand-once")]
 
 
 def use_designs(monkeypatch, **designs: str) -> None:
@@ -371,7 +372,7 @@ FLUSHING_CASES = [
     if design != "flush-apart" or dtype == torch.float32  # apart: two tested kernels in turn
 ] + [  # K3's window, and gates without a lower bound (the unfactored window)
     pytest.param(design, torch.float32, 8, None, id=f"{design}-T8-no-lower-bound")
-    for design in ("flush-apart", "token-loop-at-once", "two-kernels")
+    for design in ("flush-apart", "token-loop-at-once", "two-kernels", "two-kernels-persistent")
 ] + [  # a long window token by token: the 2-row tiles of the fewest pairs (compiled)
     pytest.param("token-loop-token-by-token", torch.float32, 8, -5.0, id="token-loop-token-by-token-T8",
                  marks=pytest.mark.gpu_only)]
@@ -434,6 +435,91 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
         p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
     assert folded > 0, "the test folded nothing"
     assert int(row_counters(torch.device(device), 1).abs().sum()) == 0, "a counter was left set"
+
+
+PERSISTENT_CASES = [
+    # flushing, H, K, V, T, rows, fewest programs
+    pytest.param(False, 2, 64, 32, 4, 14, True, id="stock-fewest-programs"),
+    pytest.param(True, 2, 64, 32, 4, 14, True, id="flushing-fewest-programs"),
+    pytest.param(True, 2, 64, 32, 8, 14, True, id="flushing-T8-fewest-programs"),
+] + [  # Kimi-K3 per TP8 rank, 256 rows, on every SM of the GPU
+    pytest.param(flushing, 12, 128, 128, T, 256, False, id=f"{'flushing' if flushing else 'stock'}-k3-T{T}-256-rows",
+                 marks=pytest.mark.gpu_only)
+    for flushing, T in ((True, 8), (True, 4), (False, 8))]
+
+
+@pytest.mark.parametrize("flushing, H, K, V, T, batch, fewest_programs", PERSISTENT_CASES)
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_persistent_state_programs_walk_tiles_past_the_last(device, monkeypatch, flushing, H, K, V, T, batch,
+                                                          fewest_programs):
+    """``two-kernels-persistent`` (verify, or flush-verify with ``flushing``) against the
+    reference over two rounds, with fewer programs than tiles and the tiles not a multiple of
+    them: every program walks several tiles and some step past the last, which is a full row
+    that folds (flushing, in round 2, with every pending count 0..T on other rows): a step
+    past it must neither fold nor store again. ``fewest_programs``: one SM's worth of
+    programs (the GPU taken as one SM), else the device's own count. ``batch`` rows of every
+    kind (``standard_rows`` repeated, then the full row), NaN in every slot and record row the batch
+    does not name, scratch buffers poisoned with infinities (as in
+    ``test_flush_verify_matches_flush_then_verify``)."""
+    allocate = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        return t.fill_(float("inf")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    launch = kernels.launch
+    if fewest_programs:
+        one_sm = launch.Target(compiled=torch.cuda.is_available(), sm_count=1)
+        monkeypatch.setattr(launch.Target, "of", staticmethod(lambda _device: one_sm))
+    use_designs(monkeypatch, **{"flush_verify" if flushing else "verify": "two-kernels-persistent"})
+    seed = fresh_seed()
+    gen = random.Random(seed)
+    standard_lengths, standard_kinds = standard_rows(T)
+    reps = batch // len(standard_lengths) + 1
+    lengths = (standard_lengths * reps)[:batch - 1] + [T]
+    kinds = (standard_kinds * reps)[:batch - 1] + [1]
+
+    def problem(seed):
+        return make_problem(device, H=H, K=K, V=V, T=T, act=torch.bfloat16, state_dtype=torch.float32,
+                            lower_bound=-5.0, seed=seed, lengths=lengths, kinds=kinds)
+
+    p = problem(seed)
+    target = launch.Target.of(torch.device(device))
+    cfg = launch.verify_config(p.batch, H, K, V, T, flush=flushing, target=target)
+    tiles = -(-V // cfg.block_v) * H * p.batch
+    programs = launch.persistent_programs(cfg, tiles, target)
+    assert tiles // programs >= 2 and tiles % programs, "the programs do not walk several tiles past the last"
+    rows = p.record_rows()
+    state, records = p.state, p.records
+    state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
+    last = p.batch - 1
+    for rounds in (1, 2):
+        before, before_records = state.clone(), (records.correction.clone(), records.key_gate.clone())
+        if flushing:
+            out = kernels.kda_recoverssm_flush_verify(
+                *p.activations(), p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc,
+                p.state_indices, T, rows, pending, plan, out=torch.full_like(p.v, float("nan")))
+            out64 = ref.kda_recoverssm_flush_verify(
+                *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
+                p.query_start_loc, p.state_indices, T, rows, pending64, plan64,
+                out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
+            assert torch.equal(pending, pending64), "pending counts differ after the flush"
+            check_plans(plan, plan64, p.batch)
+            check_states(p, state, state64, before, rounds)
+        else:
+            out = p.verify(kernels, state, records)
+            out64 = p.verify(ref, state64, records64, acts_dtype=torch.float64)
+            assert same_bits(state, before), "verify wrote the checkpoint"
+        check_window_results(p, out, out64, records, records64, before_records, rounds)
+        if flushing:
+            accepted = random_accepted(p, gen)
+            accepted[last] = T  # the last row defers its whole window: round 2 folds it
+            plan_both(p, plan, plan64, accepted)
+            kernels.kda_recoverssm_defer(plan, p.state_indices, rows, pending)
+            ref.kda_recoverssm_defer(plan64, p.state_indices, rows, pending64)
+            assert int(pending[rows[last]]) == T
+        p.q, p.k, p.v, p.raw_g, p.raw_beta = problem(seed + rounds).activations()
 
 
 def test_defer_rules(device):
