@@ -15,7 +15,8 @@ Flushing (``FLUSH``), each block is folded with the key side's fold operand
 (``kernels.fold.fold_state_block``) and stored in place before the window's product, and a
 tile's first step consumes its row's pending count (head 0, V-tile 0), as in the two-kernel
 state kernel. The window's other inputs are loaded by a tile's first step (stock) or its
-last (flushing, where holding them across the blocks would spill under the register cap).
+last (flushing), and the flush's recorded corrections with every block: flushing, values
+held from a tile's first step to its last spill under the register cap.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ def _persistent_state_kernel(
     row_scale = tl.zeros((BM,), tl.float32)
     mix = tl.zeros((BM, BM), tl.float32)
     values = tl.zeros((BV, BM), v_ptr.dtype.element_ty)
-    pending_corrections = tl.zeros((BV, FOLD_DEPTH), tl.float32)
     for step in tl.range(0, STEPS, num_stages=STAGES):
         block = step % BLOCKS
         tile = program + (step // BLOCKS) * programs
@@ -86,12 +86,11 @@ def _persistent_state_kernel(
         if FLUSH:
             pending = tl.load(commit_lens_ptr + b)  # the key side's flush plan
             folding = real & (pending > 0)
-            if block == 0:
-                if (pid_v == 0) & (h == 0) & real & (rec >= 0):
-                    tl.store(pending_ptr + rec, 0)  # consumed, after every key-side program has read it
-                pending_corrections = recorded_corrections(
-                    correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None], offs_f,
-                    tl.where(folding, pending, 0), mask_v)
+            if (block == 0) & (pid_v == 0) & (h == 0) & real & (rec >= 0):
+                tl.store(pending_ptr + rec, 0)  # consumed, after every key-side program has read it
+            pending_corrections = recorded_corrections(
+                correction_ptr + ((rec * H + h) * T + offs_f[None, :]) * V + offs_v[:, None], offs_f,
+                tl.where(folding, pending, 0), mask_v)
             read_k = offs_k < tl.where(windowed | folding, K, 0)
         else:
             if (block == 0) & windowed:
