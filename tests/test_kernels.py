@@ -365,6 +365,39 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     assert same_bits(state, settled), "flushing twice folded the window twice"
 
 
+def poison_scratch(monkeypatch) -> None:
+    """Every floating-point ``torch.empty`` starts as infinities: a product that reads a lane
+    no kernel wrote meets inf - inf, which fails a test under the interpreter that makes
+    numpy's invalid-value warning an error."""
+    allocate = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        return t.fill_(float("inf")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def flush_verify_both(p: Problem, buffers, buffers64, rows, before, rounds: int):
+    """One flushing verify of ``p``'s window through the kernels and the reference, outputs
+    starting as NaN; ``buffers`` and ``buffers64`` are each ``(state, records, pending, plan)``.
+    Checks the pending counts, the plans and the states (``before``: the state before, for
+    ``check_states``); returns the two outputs."""
+    state, records, pending, plan = buffers
+    state64, records64, pending64, plan64 = buffers64
+    out = kernels.kda_recoverssm_flush_verify(
+        *p.activations(), p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc, p.state_indices,
+        p.T, rows, pending, plan, out=torch.full_like(p.v, float("nan")))
+    out64 = ref.kda_recoverssm_flush_verify(
+        *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
+        p.query_start_loc, p.state_indices, p.T, rows, pending64, plan64,
+        out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=p.v.device))
+    assert torch.equal(pending, pending64), "pending counts differ after the flush"
+    check_plans(plan, plan64, p.batch)
+    check_states(p, state, state64, before, rounds)
+    return out, out64
+
+
 FLUSHING_CASES = [
     pytest.param(design, dtype, 4, -5.0, id=f"{design}-{name}")
     for design in kernels.launch.DESIGNS["flush-verify"]
@@ -386,14 +419,8 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
     whose pending records are folded although it has no tokens, NaN in every slot and
     record row the batch does not name; two blocks of key channels. Scratch buffers start
     as infinities: a product that reads a lane no kernel wrote meets inf - inf and fails the
-    test under the interpreter (numpy's invalid-value warning, made an error here)."""
-    allocate = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = allocate(*args, **kwargs)
-        return t.fill_(float("inf")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
+    test under the interpreter (``poison_scratch``)."""
+    poison_scratch(monkeypatch)
     use_designs(monkeypatch, flush_verify=design)
     seed = fresh_seed()
     gen = random.Random(seed)
@@ -412,17 +439,8 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
                 recs.key_gate[rows[empty_row]] = recs.key_gate[rows[0]]
         before, before_records = state.clone(), (records.correction.clone(), records.key_gate.clone())
         folded += int(pending[rows].clamp(min=0).sum())
-        acts = p.activations()
-        out = kernels.kda_recoverssm_flush_verify(
-            *acts, p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc, p.state_indices, T,
-            rows, pending, plan, out=torch.full_like(p.v, float("nan")))
-        out64 = ref.kda_recoverssm_flush_verify(
-            *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
-            p.query_start_loc, p.state_indices, T, rows, pending64, plan64,
-            out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
-        assert torch.equal(pending, pending64), "pending counts differ after the flush"
-        check_plans(plan, plan64, p.batch)
-        check_states(p, state, state64, before, rounds)
+        out, out64 = flush_verify_both(p, (state, records, pending, plan), (state64, records64, pending64, plan64),
+                                       rows, before, rounds)
         check_window_results(p, out, out64, records, records64, before_records, rounds)
 
         accepted = random_accepted(p, gen)  # row 0 (a full window) defers T
@@ -459,15 +477,8 @@ def test_persistent_state_programs_walk_tiles_past_the_last(device, monkeypatch,
     past it must neither fold nor store again. ``fewest_programs``: one SM's worth of
     programs (the GPU taken as one SM), else the device's own count. ``batch`` rows of every
     kind (``standard_rows`` repeated, then the full row), NaN in every slot and record row the batch
-    does not name, scratch buffers poisoned with infinities (as in
-    ``test_flush_verify_matches_flush_then_verify``)."""
-    allocate = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = allocate(*args, **kwargs)
-        return t.fill_(float("inf")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
+    does not name, scratch buffers poisoned with infinities (``poison_scratch``)."""
+    poison_scratch(monkeypatch)
     launch = kernels.launch
     if fewest_programs:
         one_sm = launch.Target(compiled=torch.cuda.is_available(), sm_count=1)
@@ -497,16 +508,8 @@ def test_persistent_state_programs_walk_tiles_past_the_last(device, monkeypatch,
     for rounds in (1, 2):
         before, before_records = state.clone(), (records.correction.clone(), records.key_gate.clone())
         if flushing:
-            out = kernels.kda_recoverssm_flush_verify(
-                *p.activations(), p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc,
-                p.state_indices, T, rows, pending, plan, out=torch.full_like(p.v, float("nan")))
-            out64 = ref.kda_recoverssm_flush_verify(
-                *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
-                p.query_start_loc, p.state_indices, T, rows, pending64, plan64,
-                out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
-            assert torch.equal(pending, pending64), "pending counts differ after the flush"
-            check_plans(plan, plan64, p.batch)
-            check_states(p, state, state64, before, rounds)
+            out, out64 = flush_verify_both(p, (state, records, pending, plan),
+                                           (state64, records64, pending64, plan64), rows, before, rounds)
         else:
             out = p.verify(kernels, state, records)
             out64 = p.verify(ref, state64, records64, acts_dtype=torch.float64)
