@@ -146,6 +146,25 @@ def test_token_loops_take_a_register_budget():
     assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
 
 
+def test_persistent_state_kernel_is_forced_only_and_stays_resident():
+    """The table never picks ``two-kernels-persistent``; forced, its state programs are as
+    many as a 168-register cap keeps resident: 6 an SM on the stock two-warp tiles, 12 on the
+    flushing one-warp tiles, on every SM of the GPU (one SM's worth under the interpreter),
+    never more than the tiles."""
+    launch = kernels.launch
+    verify, programs = launch.verify_config, launch.persistent_programs
+    assert "two-kernels-persistent" not in {verify(b, 12, 128, 128, T, flush=flush).design
+                                            for b in (1, 8, 64, 256, 1024) for T in (4, 8) for flush in (False, True)}
+    stock = verify(256, 12, 128, 128, 8, design="two-kernels-persistent")
+    flushing = verify(256, 12, 128, 128, 8, flush=True, design="two-kernels-persistent")
+    assert (stock.block_v, stock.num_warps, stock.max_registers) == (64, 2, 168)
+    assert (flushing.block_v, flushing.num_warps, flushing.max_registers) == (32, 1, 168)
+    assert programs(stock, 6144, launch.H200) == 6 * 132 and programs(flushing, 12288, launch.H200) == 12 * 132
+    assert programs(stock, 6144, launch.Target(compiled=True, sm_count=66)) == 6 * 66
+    assert programs(flushing, 100, launch.H200) == 100
+    assert (programs(stock, 6144, launch.INTERPRETER), programs(flushing, 6144, launch.INTERPRETER)) == (6, 12)
+
+
 @pytest.mark.parametrize("value, message", [
     ("verify=fast", "unknown verify design 'fast'"), ("prefill=one-pass", "unknown op 'prefill'")])
 def test_a_bad_forced_design_is_named(monkeypatch, value, message):
