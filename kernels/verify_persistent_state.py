@@ -131,7 +131,8 @@ def launch_persistent_state(call: VerifyCall, cfg: VerifyConfig, pending=None, p
     _persistent_state_kernel[(programs,)](
         call.tokens(), call.token_strides(), call.state, window_operands, call.records.correction, fold_operands,
         pending, plan_rows[0], call.rows(), call.state_indices.stride(0), tiles,
-        STEPS=triton.cdiv(tiles, programs) * (cfg.block_k // cfg.block_kk), H=call.H, K=call.K, V=call.V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
+        STEPS=triton.cdiv(tiles, programs) * (cfg.block_k // cfg.block_kk),
+        H=call.H, K=call.K, V=call.V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
         FLUSH=pending is not None, DOT_PRECISION=DOT_PRECISION, **dependent_launch(call.v.device),
         num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
