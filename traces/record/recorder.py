@@ -1,4 +1,4 @@
-"""Recording the kernel calls of a live process into a trace (format v1).
+"""Recording the kernel calls of a live process into a trace.
 
 ``Recorder(path, impl)`` exposes the kernel API of ``impl`` (``kernels`` by default; any
 spec ``traces.impl.loader.load_impl`` accepts, or a module object) and forwards every call to it.
@@ -13,9 +13,10 @@ Each recorded call becomes one event:
 Shards are written atomically, so a process that dies leaves every completed event (and
 the inputs of the call it died in) on disk; ``close()`` (or ``kda record merge``) merges
 them into one trace: initial buffers assembled from the first-seen contents (zeros where
-nothing was seen), events in order. A trace holds one set of buffers: the first pool,
-records, pending counts, plan and parameters the recorder sees are bound, and calls on
-other buffers (another layer) are passed through unrecorded and counted.
+nothing was seen), events in order. A ``Recorder`` records one layer (format v1): the first
+pool, records, pending counts, plan and parameters it sees are bound, and calls on other
+buffers (another layer) are passed through unrecorded and counted; several layers are
+recorded from patched modules (``traces.record.patch``, format v2).
 
 Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
 call is forwarded as it is, so the graph captures what it would without the recorder, and
