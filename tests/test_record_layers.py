@@ -188,10 +188,7 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
     from tests import context_engine
     from traces.record.patch import PatchRecorder, patch_module
 
-    module = types.ModuleType("deferring_engine")
-    module.__dict__.update({name: getattr(kernels, name) for name in kernels.__all__})
-
-    class KDARecoverSSMCommitContext(Base):
+    class Deferring(Base):
         def commit(self, num_accepted_tokens, state_indices, query_start_loc, request_indices=None, **kwargs):
             B = state_indices.shape[0]
             pending = torch.zeros(context_engine.SLOTS, dtype=torch.int32, device=state_indices.device)
@@ -199,8 +196,8 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
                                               kernels.NULL_BLOCK_ID, state_indices.stride(0))
             return super().commit(num_accepted_tokens, state_indices, query_start_loc, request_indices, **kwargs)
 
-    module.KDARecoverSSMCommitContext = KDARecoverSSMCommitContext
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    module = _context_module("deferring_engine", monkeypatch, Deferring)
+    module.__dict__.update({name: getattr(kernels, name) for name in kernels.__all__ if name not in vars(module)})
     recorder = PatchRecorder(tmp_path / "t.safetensors", [module.__name__], layers="all")
     patch_module(module, recorder)
     context_engine.main(2, True, module.__name__, True)
@@ -210,3 +207,56 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
     with read_trace(result.path) as trace:
         ops = [e.op for e in trace.events]
     assert "commit_layers" not in ops and ops.count("verify") == 3
+
+
+def _context_module(name: str, monkeypatch, base=None) -> types.ModuleType:
+    """A module ``name`` (in ``sys.modules`` for this test) whose commit context subclasses
+    ``base`` (kda's), so that patching it leaves kda's class as it is."""
+    from kernels.commit_context import KDARecoverSSMCommitContext as kda_context
+
+    module = types.ModuleType(name)
+    module.KDARecoverSSMCommitContext = type("KDARecoverSSMCommitContext", (base or kda_context,), {})
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+@pytest.mark.gpu
+def test_an_align_mode_commit_is_recorded_with_its_block_table(tmp_path, capfd, monkeypatch, device):
+    """Align mode: the commit writes final and boundary slots from the block table, which the
+    trace describes before the call and expects after it; the engine's writes between commits
+    are writes of every layer."""
+    import kernels
+    from tests import context_engine
+    from traces.record.patch import PatchRecorder, patch_module
+
+    module = _context_module("align_engine", monkeypatch)
+    recorder = PatchRecorder(tmp_path / "align.safetensors", [module.__name__], layers="all")
+    patch_module(module, recorder)
+    monkeypatch.setattr(context_engine, "DEVICE", device)
+    g = torch.Generator().manual_seed(1)
+    layers = [context_engine.new_layer(kernels, g, True) for _ in range(3)]
+    for layer in layers:  # the records of an earlier verify
+        for records in layer.kv_cache[2:]:
+            records.copy_(torch.randn(records.shape, generator=g).to(records.dtype) * 0.1)
+    context = module.KDARecoverSSMCommitContext.create(layers, spec_query_len=context_engine.T, max_num_reqs=4)
+
+    def i32(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    for _ in range(2):
+        for layer in layers:
+            layer.kv_cache[0][1:3] += 1
+        # row 0 (request 2) crosses the boundary of block 0 into slot 3, row 1 (request 0) stays in block 1
+        context.commit(i32([2, 0, 3, 0, 1]), i32([1, 2, 0, -1]), i32([0, 4, 7, 9, 9]),
+                       request_indices=i32([2, 0, 1, 3]), block_table=i32([[2, 4], [0, 0], [1, 3], [0, 0], [0, 0]]),
+                       num_computed_tokens=i32([5, 0, 2, 0, 0]), mamba_block_size=4)
+    path = recorder.close().path
+    with read_trace(path) as trace:
+        commits = [e for e in trace.events if e.op == "commit_layers"]
+        written = trace.tensor(commits[0].expected["slots"]).tolist()
+        writes = [e.attrs.get("layer", 0) for e in trace.events if e.op == "write"]
+    assert len(commits) == 2 and commits[0].attrs == {"block_size": 4}
+    assert {"block_table", "num_computed"} <= set(commits[0].inputs) and 3 in written
+    assert writes == [0, 1, 2]
+    code, report = replay(path, "triton", capfd, monkeypatch, "--atol", "0", "--rtol", "0")
+    assert code == 0 and report["passed"]
