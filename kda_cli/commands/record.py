@@ -61,9 +61,9 @@ def run(
     ctx: typer.Context,
     out: Path = typer.Argument(..., help="Trace file to write."),
     patch: List[str] = typer.Option([], "--patch", metavar="MODULE[,MODULE...]",
-                                    help="Module to record without editing the program: its kernel API functions "
-                                         "and raw kernels are wrapped when it is imported (repeat or "
-                                         "comma-separate)."),
+                                    help="Module to record without editing the program: its kernel API functions, "
+                                         "raw kernels and commit context are wrapped when it is imported (repeat "
+                                         "or comma-separate)."),
     layer: int = typer.Option(0, "--layer", help="With --patch: record the N-th set of buffers seen (one per layer), "
                                                   "a trace of format v1."),
     layers: Optional[str] = typer.Option(None, "--layers", metavar="all|N[,N...]",
