@@ -40,6 +40,19 @@ def replay(path: Path, impl: str, capfd, monkeypatch, *extra: str) -> tuple[int,
     return code, json.loads(out)
 
 
+def _context_module(name: str, monkeypatch, base=None) -> types.ModuleType:
+    """A module ``name`` (in ``sys.modules`` for this test) with kda's kernel API and a commit
+    context that subclasses ``base`` (kda's), so that patching it leaves kda's class as it is."""
+    import kernels
+    from kernels.commit_context import KDARecoverSSMCommitContext as kda_context
+
+    module = types.ModuleType(name)
+    module.__dict__.update({api: getattr(kernels, api) for api in kernels.__all__})
+    module.KDARecoverSSMCommitContext = type("KDARecoverSSMCommitContext", (base or kda_context,), {})
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def context_trace(tmp_path_factory) -> Path:
     """The engine with its commit context (dim_first conv state), recorded with --layers all."""
@@ -197,7 +210,6 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
             return super().commit(num_accepted_tokens, state_indices, query_start_loc, request_indices, **kwargs)
 
     module = _context_module("deferring_engine", monkeypatch, Deferring)
-    module.__dict__.update({name: getattr(kernels, name) for name in kernels.__all__ if name not in vars(module)})
     recorder = PatchRecorder(tmp_path / "t.safetensors", [module.__name__], layers="all")
     patch_module(module, recorder)
     context_engine.main(2, True, module.__name__, True)
@@ -207,17 +219,6 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
     with read_trace(result.path) as trace:
         ops = [e.op for e in trace.events]
     assert "commit_layers" not in ops and ops.count("verify") == 3
-
-
-def _context_module(name: str, monkeypatch, base=None) -> types.ModuleType:
-    """A module ``name`` (in ``sys.modules`` for this test) whose commit context subclasses
-    ``base`` (kda's), so that patching it leaves kda's class as it is."""
-    from kernels.commit_context import KDARecoverSSMCommitContext as kda_context
-
-    module = types.ModuleType(name)
-    module.KDARecoverSSMCommitContext = type("KDARecoverSSMCommitContext", (base or kda_context,), {})
-    monkeypatch.setitem(sys.modules, name, module)
-    return module
 
 
 @pytest.mark.gpu
@@ -260,3 +261,21 @@ def test_an_align_mode_commit_is_recorded_with_its_block_table(tmp_path, capfd, 
     assert writes == [0, 1, 2]
     code, report = replay(path, "triton", capfd, monkeypatch, "--atol", "0", "--rtol", "0")
     assert code == 0 and report["passed"]
+
+
+def test_a_context_commit_inside_a_capture_is_passed_through(tmp_path, monkeypatch):
+    """With the stream capturing (forced here), the context's commits and the verifies run as
+    without the recorder and are counted as captured; nothing is recorded."""
+    import traces.record.commit_context as context_recording
+    import traces.record.patch as patching
+    from tests import context_engine
+    from traces.record.patch import PatchRecorder, patch_module
+
+    module = _context_module("captured_engine", monkeypatch)
+    recorder = PatchRecorder(tmp_path / "t.safetensors", [module.__name__], layers="all")
+    patch_module(module, recorder)
+    for where in (context_recording, patching):
+        monkeypatch.setattr(where, "capturing", lambda: True)
+    context_engine.main(2, True, module.__name__, True)
+    assert recorder.skipped == {"captured": 2 * (3 + 1)} and recorder.events == 0
+    assert recorder.close() is None
