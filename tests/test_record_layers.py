@@ -279,3 +279,43 @@ def test_a_context_commit_inside_a_capture_is_passed_through(tmp_path, monkeypat
     context_engine.main(2, True, module.__name__, True)
     assert recorder.skipped == {"captured": 2 * (3 + 1)} and recorder.events == 0
     assert recorder.close() is None
+
+
+def test_a_context_the_recorder_cannot_read_ends_the_recording_and_runs(tmp_path, monkeypatch):
+    """A context whose commit names its arguments otherwise, and one over layers of differing
+    shapes: the recording ends there, saying why, and the engine runs as it would."""
+    import kernels
+    from kernels.commit_context import KDARecoverSSMCommitContext as Base
+    from tests import context_engine
+    from traces.record.patch import PatchRecorder, patch_module
+
+    class Renamed(Base):
+        def commit(self, accepted, slots, starts, request_indices=None):
+            return super().commit(accepted, slots, starts, request_indices)
+
+    module = _context_module("renamed_engine", monkeypatch, Renamed)
+    recorder = PatchRecorder(tmp_path / "renamed.safetensors", [module.__name__], layers="all")
+    patch_module(module, recorder)
+    context_engine.main(1, True, module.__name__, True)
+    assert recorder.stopped == ("KDARecoverSSMCommitContext.commit: no num_accepted_tokens, state_indices, "
+                                "query_start_loc among its arguments (kda's names)")
+    with read_trace(recorder.close().path) as trace:
+        assert "commit_layers" not in [e.op for e in trace.events]
+
+    class Unchecked(Base):
+        @classmethod
+        def create(cls, layers, spec_query_len, max_num_reqs, conv_dim_first=True):
+            context = object.__new__(cls)
+            context.plan = kernels.CommitPlan.allocate(max_num_reqs, "cpu")
+            return context
+
+    module = _context_module("unchecked_engine", monkeypatch, Unchecked)
+    recorder = PatchRecorder(tmp_path / "unchecked.safetensors", [module.__name__], layers="all")
+    patch_module(module, recorder)
+    g = torch.Generator().manual_seed(0)
+    layers = [context_engine.new_layer(kernels, g, True) for _ in range(2)]
+    layers[1].A_log = torch.zeros(3)
+    module.KDARecoverSSMCommitContext.create(layers, context_engine.T, 4)
+    assert recorder.stopped == ("layer 1's A_log is [3] torch.float32, layer 0's [2] torch.float32: the layers of a "
+                                "trace share their shapes")
+    assert recorder.close() is None

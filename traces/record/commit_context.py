@@ -12,11 +12,14 @@ trace's shared plan. ``commit(...)`` becomes a ``commit_layers`` event spanning 
 its expected results the slots it wrote, every layer's states there and every layer's first
 ``W - 1`` conv entries there.
 
-What a trace of format v2 cannot hold ends the recording (``stopped_by``) before it, never
-a wrong trace: a context over a subset of the chosen layers' order, layers of differing
-shapes, a conv state in another dtype than the activations, a context without a plan
-buffer, a context of several layers when the recording chose some layers only, and a raw
-kernel (a defer, a flush plan) launched inside the commit.
+Arguments are read by kda's names (``create``'s ``layers``, ``spec_query_len`` and
+``conv_dim_first``; ``commit``'s ``COMMIT_ARGS`` and the optional four). What the recorder
+cannot read that way, and what a trace of format v2 cannot hold, ends the recording
+(``stopped_by``, and one line on stderr) before it, never a wrong trace, and the call runs
+as it would unrecorded: a context of several layers when the recording chose some only, a
+context's layer used under another number before ``create``, layers of differing shapes, a
+conv state in another dtype than the activations, a context without a plan buffer, and a
+raw kernel (a defer, a flush plan) launched inside the commit.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ import torch
 
 from traces.format.schema import PLAN_FIELDS
 from traces.record.recorder import capturing, same_tensor, written_slots
+
+COMMIT_ARGS = ("num_accepted_tokens", "state_indices", "query_start_loc")
+"""What a recorded ``commit`` takes by these names (kda's), besides ``request_indices``,
+``block_table``, ``num_computed_tokens`` and ``mamba_block_size``."""
+
 
 class CommitContextRecording:
     """What ``traces.record.patch.PatchRecorder`` does with a commit context (module docstring).
@@ -62,14 +70,18 @@ class CommitContextRecording:
         if self.chosen is None or self.closed or self.stopped:
             self.skip("commit_context")
             return context
-        call = inspect.signature(create).bind(klass, *args, **kwargs)
-        call.apply_defaults()
-        a = call.arguments
-        self._bind_context(context, list(a["layers"]), int(a["spec_query_len"]), a.get("conv_dim_first"))
+        try:
+            a = _arguments(create, klass, args, kwargs)
+            models = [_layer_fields(layer) for layer in a["layers"]]
+            spec_query_len = int(a["spec_query_len"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self._stop(f"{klass.__name__}.create: its layers cannot be read as kda's ({type(exc).__name__}: {exc})")
+            return context
+        self._bind_context(context, models, spec_query_len, a.get("conv_dim_first"))
         return context
 
-    def _bind_context(self, context, layers: list, spec_query_len: int, conv_dim_first: bool | None) -> None:
-        models = [_layer_fields(layer) for layer in layers]
+    def _bind_context(self, context, models: list[tuple], spec_query_len: int, conv_dim_first: bool | None) -> None:
+        """Bind the context's layers (``_layer_fields`` of each) to trace layers 0.., or stop."""
         if self.chosen != "all" and len(models) > 1:
             self._stop(f"a commit context holds {len(models)} layers and --layers {','.join(map(str, self.chosen))} "
                        "chose some: record it with --layers all")
@@ -96,11 +108,16 @@ class CommitContextRecording:
                 return
             self.select_layer(self.trace_layer(i))
             bind = {"checkpoint_state": pool, "records.correction": kv_cache[2], "records.key_gate": kv_cache[3],
-                    "A_log": A_log, "dt_bias": dt_bias, **{f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}}
+                    "A_log": A_log, "dt_bias": dt_bias, "conv_state": conv,
+                    **{f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}}
             unlike = [role for role, t in bind.items() if role in self._bound and not same_tensor(self._bound[role], t)]
             if unlike or self._lower_bound not in (None, (lower_bound,)):
                 self._stop(f"layer {i} of the commit context is not the layer {i} recorded before it was created "
                            f"({', '.join(unlike) or 'gate_lower_bound'} differs)")
+                return
+            differs = self._unlike_other_layers(bind)
+            if differs is not None:
+                self._stop(differs)
                 return
             for role, t in bind.items():
                 self._bind(role, t)
@@ -122,11 +139,17 @@ class CommitContextRecording:
         if id(context) not in self._contexts or self.closed or self.stopped or "commit" not in self.ops:
             self.skip("commit_context")
             return commit(context, *args, **kwargs)
-        call = inspect.signature(commit).bind(context, *args, **kwargs)
-        call.apply_defaults()
-        a = dict(call.arguments)
-        state_indices = a["state_indices"]
-        B = state_indices.shape[0]
+        try:
+            a = _arguments(commit, context, args, kwargs)
+        except TypeError as exc:  # the call itself will say how it does not bind
+            self._stop(f"{type(context).__name__}.commit: {exc}")
+            return commit(context, *args, **kwargs)
+        need = COMMIT_ARGS + (("mamba_block_size",) if a.get("block_table") is not None else ())
+        missing = [name for name in need if not isinstance(a.get(name), torch.Tensor | int)]
+        if missing:
+            self._stop(f"{type(context).__name__}.commit: no {', '.join(missing)} among its arguments (kda's names)")
+            return commit(context, *args, **kwargs)
+        B = a["state_indices"].shape[0]
         if B == 0:
             return commit(context, *args, **kwargs)
         self._drop_flush()
@@ -167,6 +190,18 @@ class CommitContextRecording:
         self._end(event, {"slots": slots.to(torch.int32), "states": torch.stack([p[slots.to(p.device)] for p in pools]),
                           "conv_windows": torch.stack(windows)})
         return result
+
+
+def _arguments(function, first, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``function(first, *args, **kwargs)``'s arguments by name, defaults included and a
+    ``**kwargs`` parameter's entries among them. Raises ``TypeError`` when they do not bind."""
+    call = inspect.signature(function).bind(first, *args, **kwargs)
+    call.apply_defaults()
+    out: dict[str, Any] = {}
+    for name, value in call.arguments.items():
+        kind = call.signature.parameters[name].kind
+        out.update(value if kind is inspect.Parameter.VAR_KEYWORD else {name: value})
+    return out
 
 
 def _layer_fields(layer) -> tuple[tuple, Any, Any, Any]:
