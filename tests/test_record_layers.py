@@ -24,13 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 ENGINE = str(REPO / "tests" / "context_engine.py")
 SURFACE = "tests.context_surface"
 BROKEN = "tests.broken_impls.conv_window_one_layer"
+STEPS = 3
+"""Decode steps of a recording: a slot is reused at the third (``tests/context_engine.py``)."""
 
 
 def record(path: Path, capfd, monkeypatch, layers: str = "all", module: str = SURFACE,
            engine_args: tuple[str, ...] = ()) -> tuple[int, str, str]:
     extra = ("--module", module) if module != SURFACE else ()
     return run_kda(["record", "run", str(path), "--patch", module, "--layers", layers, "--", sys.executable, ENGINE,
-                    "--steps", "4", *extra, *engine_args], capfd, monkeypatch)
+                    "--steps", str(STEPS), *extra, *engine_args], capfd, monkeypatch)
 
 
 def replay(path: Path, impl: str, capfd, monkeypatch, *extra: str) -> tuple[int, dict]:
@@ -59,7 +61,7 @@ def context_trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("layers") / "context.safetensors"
     with pytest.MonkeyPatch.context() as monkeypatch:
         code, _, err = run_kda(["record", "run", str(path), "--patch", SURFACE, "--layers", "all", "--", sys.executable,
-                                ENGINE, "--steps", "4"], _NoCapture(), monkeypatch)
+                                ENGINE, "--steps", str(STEPS)], _NoCapture(), monkeypatch)
     assert code == 0, err
     return path
 
@@ -80,7 +82,7 @@ def test_an_engine_with_a_commit_context_records_every_layer_and_its_commit(cont
         commit = next(e for e in trace.events if e.op == "commit_layers")
         shapes = {role: trace.meta(name).shape for role, name in commit.expected.items()}
     assert (m.version, m.num_layers, m.conv.layout, m.conv.dim, m.conv.width) == (2, 3, "dim_first", 8, 3)
-    assert [op for op, _ in ops].count("commit_layers") == 4 and {("verify", i) for i in range(3)} <= set(ops)
+    assert [op for op, _ in ops].count("commit_layers") == STEPS and {("verify", i) for i in range(3)} <= set(ops)
     assert {"plan", "commit"}.isdisjoint(op for op, _ in ops)
     assert set(commit.inputs) == {"num_accepted", "state_indices", "query_start_loc", "request_indices"}
     M = shapes["slots"][0]
@@ -166,7 +168,7 @@ def test_layers_records_a_subset_of_an_engine_without_a_context(tmp_path, capfd,
     assert (m.version, m.num_layers, m.conv) == (2, 2, None)
     assert torch.equal(A_log[0], model[0].A_log.cpu()) and torch.equal(A_log[1], model[2].A_log.cpu())
     assert {("verify", 0), ("verify", 1), ("plan", 0), ("commit", 0), ("commit", 1)} <= ops
-    assert m.provenance["layers"] == "0,2" and m.provenance["skipped_calls"]["other_layer"] == 4 * 2
+    assert m.provenance["layers"] == "0,2" and m.provenance["skipped_calls"]["other_layer"] == STEPS * 2
     code, report = replay(path, "triton", capfd, monkeypatch, "--atol", "0", "--rtol", "0")
     assert code == 0 and report["passed"]
 
