@@ -2,10 +2,10 @@
 
 ``EventRecorder`` keeps what a trace needs, whatever the calls that feed it (``Recorder``
 maps the kernel API onto it, ``traces.record.patch.PatchRecorder`` patched modules): the buffers
-it binds (the first pool, records, pending counts, plan and parameters seen, by role), the
-first-seen contents of the regions each event touches (state slots and record rows; small
-buffers whole; whole pools with ``snapshot="all"``), the caps, and one pair of shards an
-event under ``<path>.shards``. An event is ``_begin`` (inputs and snapshots, written before the
+it binds per trace layer (the first pool, records, pending counts, plan, parameters and
+conv state seen, by role), the first-seen contents of the regions each event touches (state
+slots, record rows and conv state slots; small buffers whole; whole pools with
+``snapshot="all"``), the caps, and one pair of shards an event under ``<path>.shards``. An event is ``_begin`` (inputs and snapshots, written before the
 call), ``_call`` (the call; when it raises the event is undone) and ``_end`` (the expected
 results). ``close()`` merges the shards into the trace.
 
