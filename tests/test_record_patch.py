@@ -93,6 +93,29 @@ def test_layer_picks_the_nth_set_of_buffers_and_the_env_variable_patches(tmp_pat
     _replays(path, "triton", capfd, monkeypatch)
 
 
+def test_layers_all_records_every_layer_with_its_own_buffers(tmp_path, plain_output, capfd, monkeypatch):
+    """``--layers all``: both layers of the script in one v2 trace, each layer's flushes (the
+    raw flush plan kernel), verifies, plans, defers (the raw kernel) and commits on its own
+    buffers; the script runs as unrecorded, and the trace replays bit for bit."""
+    from tests.engine_script import layer_buffers
+
+    path = tmp_path / "layers.safetensors"
+    code, out, err = run_kda(["record", "run", str(path), *PATCHES, "--layers", "all", "--", sys.executable, SCRIPT,
+                              "3"], capfd, monkeypatch)
+    assert code == 0 and out.startswith(plain_output), err
+    g = torch.Generator().manual_seed(0)
+    model = [layer_buffers(g) for _ in range(2)]
+    with read_trace(path) as trace:
+        m = trace.manifest
+        per_layer = [[e.op for e in trace.events if e.op != "write" and e.attrs.get("layer", 0) == i] for i in (0, 1)]
+        A_log = [trace.tensor(m.layer(i).params["A_log"]) for i in (0, 1)]
+    assert (m.version, m.num_layers, m.provenance["layers"], m.provenance["skipped_calls"]) == (2, 2, "all", {})
+    assert per_layer == [SCRIPT_OPS, SCRIPT_OPS]
+    assert all(torch.equal(A_log[i], model[i]["A_log"].cpu()) for i in (0, 1))
+    code, out, err = run_kda(["replay", str(path), "--no-progress", "--atol", "0", "--rtol", "0"], capfd, monkeypatch)
+    assert code == 0, out + err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--layer", "-1", *PATCHES], "--layer -1: expected a layer number >= 0"),
     (["--layer", "1"], "--layer needs --patch"),

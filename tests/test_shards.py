@@ -156,3 +156,37 @@ def test_a_lone_event_that_never_returned_and_does_not_validate_is_one_error_lin
     line = _one_error_line(code, err)
     assert "no event makes a trace: event 0 never returned and its inputs do not validate" in line, line
     assert "slot 1000000" in line and not (shards.parent / "merged.safetensors").exists()
+
+
+def _layers_claim(layers: int, conv: dict | None = None):
+    def claim(meta, tensors):
+        meta["context"]["layers"] = layers
+        if conv is not None:
+            meta["context"]["conv"] = conv
+    return claim
+
+
+CONV = {"layout": "dim_first", "dim": 8, "width": 3}
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda meta, t: meta["attrs"].update(layer=1), "attrs.layer 1 is not a layer of its context"),
+    (lambda meta, t: meta["context"].update(layers=0), "context layers 0 is not a positive count"),
+    (lambda meta, t: meta["context"].update(conv={**CONV, "width": 1}), "context conv"),
+    (lambda meta, t: (_layers_claim(2)(meta, t), t.update({"layers.5.snap.A_log": torch.zeros(2)})),
+     "snapshots of layer 5, the shards claim 2 layer(s)"),
+    (lambda meta, t: t.update({"layers.x.snap.A_log": torch.zeros(2)}), "tensor 'layers.x.snap.A_log' names no layer"),
+    (lambda meta, t: t.update({"snap.conv_slots": torch.tensor([1]), "snap.conv_states": torch.zeros(1, 8, 5)}),
+     "conv state snapshots, the shards claim no conv state"),
+    (lambda meta, t: (_layers_claim(1, CONV)(meta, t),
+                      t.update({"snap.conv_slots": torch.tensor([1]), "snap.conv_states": torch.zeros(1, 8, 4)})),
+     "tensor 'snap.conv_states' has shape [1, 8, 4], the shards claim [1, 8, 5]"),
+    (lambda meta, t: (_layers_claim(1, CONV)(meta, t), t.update({"snap.conv_slots": torch.tensor([1])})),
+     "snap.conv_slots and snap.conv_states come together"),
+])
+def test_hostile_layer_and_conv_claims_are_one_error_line(shards, capsys, monkeypatch, edit, message):
+    """The v2 parts of a shard (an event's layer, snapshots of another layer, the conv state)
+    are checked like the rest, before anything is allocated."""
+    _rewrite_last(shards, edit)
+    code, out, err = _merge(shards, capsys, monkeypatch)
+    assert message in _one_error_line(code, err)

@@ -61,10 +61,16 @@ def run(
     ctx: typer.Context,
     out: Path = typer.Argument(..., help="Trace file to write."),
     patch: List[str] = typer.Option([], "--patch", metavar="MODULE[,MODULE...]",
-                                    help="Module to record without editing the program: its kernel API functions "
-                                         "and raw kernels are wrapped when it is imported (repeat or "
-                                         "comma-separate)."),
-    layer: int = typer.Option(0, "--layer", help="With --patch: record the N-th set of buffers seen (one per layer)."),
+                                    help="Module to record without editing the program: its kernel API functions, "
+                                         "raw kernels and commit context are wrapped when it is imported (repeat "
+                                         "or comma-separate)."),
+    layer: int = typer.Option(0, "--layer", help="With --patch: record the N-th set of buffers seen (one per layer), "
+                                                  "a trace of format v1."),
+    layers: Optional[str] = typer.Option(None, "--layers", metavar="all|N[,N...]",
+                                         help="With --patch: record these layers (all, or numbers in the order their "
+                                              "buffers were first used) into a trace of format v2, and the engine's "
+                                              "commit context (KDARecoverSSMCommitContext) of every layer; an engine "
+                                              "with a context of several layers is recorded with --layers all."),
     impl: Optional[str] = typer.Option(None, "--impl",
                                        help="Module the recorder wraps (default: what the program asks for)."),
     ops: Optional[str] = typer.Option(None, "--ops", help="Comma-separated ops to record (default: all)."),
@@ -98,7 +104,8 @@ def run(
     patches = list(parse_names(patch))
     try:
         run = record_command(out, list(ctx.args), output_to_stderr=format == "json", impl=impl, ops=ops,
-                             max_events=max_events, max_mb=max_mb, snapshot=snapshot, patches=patches, layer=layer)
+                             max_events=max_events, max_mb=max_mb, snapshot=snapshot, patches=patches, layer=layer,
+                             layers=layers)
     except RecordError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     except RecordRunError as exc:

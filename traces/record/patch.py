@@ -14,14 +14,20 @@ A call made while a recorded call runs (a module's verify calling its own helper
 recorded again. A fused call (``FUSED_PARTS``) is recorded as its two parts, run through the
 module's own; in a module without them, it ends the recording (``stopped_by``) and runs.
 
-A model has one set of buffers per layer: the ``PatchRecorder``'s ``layer`` picks the N-th
-state pool and the N-th pending counts seen (order of first use); calls on other layers run
-unrecorded (``skipped_calls["other_layer"]``) and the provenance says how many layers were
-seen.
+- its commit context class (``CONTEXT_CLASS``) has its ``create`` and ``commit`` replaced in
+  place (``traces.record.commit_context``).
+
+A model has one set of buffers per layer, told apart by the order in which their state pools
+and pending counts were first used (a call on neither, by its plan's). The
+``PatchRecorder``'s ``layer`` picks one, for a version 1 trace; its ``layers`` (``all`` or
+model layer numbers) picks several, each a layer of a version 2 trace, with a commit
+context's commit when the engine has one. Calls on other layers run unrecorded
+(``skipped_calls["other_layer"]``) and the provenance says how many layers were seen.
 
 In a child process, ``install_from_env`` does this from ``KDA_RECORD`` (the trace),
-``KDA_RECORD_PATCH`` (comma-separated module names) and ``KDA_RECORD_LAYER``; ``kda record
-run --patch`` runs it at start-up through the ``sitecustomize`` in ``BOOT_DIR``.
+``KDA_RECORD_PATCH`` (comma-separated module names), ``KDA_RECORD_LAYER`` and
+``KDA_RECORD_LAYERS``; ``kda record run --patch`` runs it at start-up through the
+``sitecustomize`` in ``BOOT_DIR``.
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ from typing import Any
 
 import torch
 
+from traces.record.commit_context import CommitContextRecording
 from traces.record.recorder import PLAN_FIELDS, Recorder, RecordError, capturing, written_slots
 
 ENV_PATCH = "KDA_RECORD_PATCH"
 ENV_LAYER = "KDA_RECORD_LAYER"
+ENV_LAYERS = "KDA_RECORD_LAYERS"
 BOOT_DIR = Path(__file__).with_name("boot")
 """Holds the ``sitecustomize`` that calls ``install_from_env`` in a child process."""
 
@@ -61,42 +69,87 @@ RAW_KERNELS = {
 }
 """Documented raw kernels -> their documented parameters, in order."""
 
+CONTEXT_CLASS = "KDARecoverSSMCommitContext"
+"""A module's commit context class (``kernels.commit_context``'s surface): its ``create`` and
+``commit`` are recorded (``traces.record.commit_context``)."""
+
 _RECORDED = "__kda_recorded__"
 
 
-class PatchRecorder(Recorder):
-    """A ``Recorder`` fed by patched modules: each call runs through the calling module's own
-    functions, only on the chosen layer's buffers."""
+def parse_layers(value: str) -> str | list[int]:
+    """``--layers``: ``all``, or distinct model layer numbers ``0,7`` (returned sorted).
+    Raises ``RecordError``."""
+    if value.strip() == "all":
+        return "all"
+    parts = [part.strip() for part in value.split(",")]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise RecordError(f"--layers {value}: expected all or layer numbers >= 0 such as 0,7")
+    layers = sorted({int(part) for part in parts})
+    if len(layers) != len(parts):
+        raise RecordError(f"--layers {value}: a layer named twice")
+    return layers
 
-    def __init__(self, path, names: list[str], layer: int = 0, **options: Any):
+
+class PatchRecorder(CommitContextRecording, Recorder):
+    """A ``Recorder`` fed by patched modules: each call runs through the calling module's own
+    functions, only on the chosen layers' buffers.
+
+    ``layer``: the one layer of a version 1 trace. ``layers`` (``"all"`` or model layer
+    numbers; instead of ``layer``): a trace of those layers, each its own trace layer in
+    model order, and of a commit context's ``create`` and ``commit``
+    (``traces.record.commit_context``)."""
+
+    def __init__(self, path, names: list[str], layer: int = 0, layers: str | None = None, **options: Any):
         if layer < 0:
             raise RecordError(f"layer must be >= 0, got {layer}")
+        self.chosen = parse_layers(layers) if layers is not None else None
         super().__init__(path, SimpleNamespace(__name__="patched: " + ", ".join(names)), **options)
         self.layer = layer
-        self.provenance.update(patched=list(names), layer=layer)
-        self._layers: dict[str, list[tuple]] = {"checkpoint_state": [], "pending": []}
+        self.provenance.update(patched=list(names), **({"layer": layer} if layers is None else {"layers": layers}))
+        self._layers: dict[str, list[tuple]] = {"checkpoint_state": [], "pending": [], "plan": []}
         self._depth = 0
         self._flush: dict[str, Any] | None = None  # a flush plan launched, its commit not yet seen
+        self.init_context_recording()
 
     def closing_provenance(self) -> dict[str, Any]:
-        return {"layers_seen": max(len(seen) for seen in self._layers.values())}
+        return {"layers_seen": max(len(self._layers[kind]) for kind in ("checkpoint_state", "pending"))}
 
     # -- routing ----------------------------------------------------------------------
 
-    def on_layer(self, **tensors: torch.Tensor | None) -> bool:
-        """Whether a call on these buffers (``checkpoint_state``, ``pending``) is on the chosen
-        layer; a call on neither is once that layer's buffers are bound (or for layer 0)."""
-        picks = []
-        for kind, t in tensors.items():
-            if t is None:
-                continue
-            seen, key = self._layers[kind], (t.data_ptr(), t.device)
-            if key not in seen:
-                seen.append(key)
-            picks.append(seen.index(key) == self.layer)
-        if picks:
-            return all(picks)
-        return self.layer == 0 or any(role in self._bound for role in self._layers)
+    def model_layer(self, kind: str, t: torch.Tensor) -> int:
+        """The model layer whose ``kind`` buffer (``checkpoint_state``, ``pending``, ``plan``: its
+        ``commit_lens`` column) ``t`` is: the order in which such buffers were first used."""
+        seen, key = self._layers[kind], (t.data_ptr(), t.device)
+        if key not in seen:
+            seen.append(key)
+        return seen.index(key)
+
+    def trace_layer(self, model: int) -> int | None:
+        """The trace layer of model layer ``model``, or None when it is not recorded."""
+        if self.chosen is None:
+            return 0 if model == self.layer else None
+        if self.chosen == "all":
+            return model
+        return self.chosen.index(model) if model in self.chosen else None
+
+    def route(self, checkpoint_state=None, pending=None, plan=None) -> bool:
+        """Select the trace layer of a call on these buffers and say whether it is recorded.
+        Its layer is that of its state pool and pending counts (both, when it passes both:
+        they must agree); a call on neither is, in a version 1 trace, on the chosen layer once
+        that layer's buffers are bound (or for layer 0), and in a trace of several layers on
+        the layer of its plan (``plan``: its ``commit_lens`` column)."""
+        models = {self.model_layer(kind, t) for kind, t in (("checkpoint_state", checkpoint_state),
+                                                            ("pending", pending)) if t is not None}
+        if not models and self.chosen is None:
+            self.select_layer(0)
+            return self.layer == 0 or any(role in self._bound for role in ("checkpoint_state", "pending"))
+        if not models and plan is not None:
+            models = {self.model_layer("plan", plan)}
+        layer = self.trace_layer(models.pop()) if len(models) == 1 else None
+        if layer is None:
+            return False
+        self.select_layer(layer)
+        return True
 
     def call_function(self, name: str, originals: SimpleNamespace, args: tuple, kwargs: dict):
         """A patched function's call: recorded through ``originals`` (the module's own)."""
@@ -108,7 +161,9 @@ class PatchRecorder(Recorder):
             return original(*args, **kwargs)
         bound = dict(_SIGNATURES[name].bind(self, *args, **kwargs).arguments)
         del bound["self"]
-        if not self.on_layer(checkpoint_state=bound.get("checkpoint_state"), pending=bound.get("pending")):
+        plan = bound.get("plan")
+        if not self.route(bound.get("checkpoint_state"), bound.get("pending"),
+                          None if plan is None else plan.commit_lens):
             self.skip("other_layer")
             return original(*args, **kwargs)
         missing = [part for part in FUSED_PARTS.get(name, ()) if not callable(getattr(originals, part, None))]
@@ -130,12 +185,13 @@ class PatchRecorder(Recorder):
     def launch_kernel(self, name: str, launch, grid, args: tuple, kwargs: dict):
         """A patched raw kernel's ``kernel[grid](*args, **kwargs)``: run, and recorded."""
         if self._depth:
+            self.launched_inside(name)
             return launch(*args, **kwargs)
         if capturing():
             self.skip("captured")
             return launch(*args, **kwargs)
         p = {**dict(zip(RAW_KERNELS[name], args)), **kwargs}
-        if not self.on_layer(pending=p["pending_ptr"]):
+        if not self.route(pending=p["pending_ptr"]):
             self.skip("other_layer")
             return launch(*args, **kwargs)
         if not (isinstance(grid, (tuple, list)) and len(grid) == 1):  # not one program a row: rows unknown
@@ -273,6 +329,34 @@ def patch_module(module: ModuleType, recorder: PatchRecorder) -> list[str]:
         if kernel is not None and not getattr(kernel, _RECORDED, False):
             setattr(module, name, RecordedKernel(kernel, name, recorder))
             replaced.append(name)
+    context = getattr(module, CONTEXT_CLASS, None)
+    if isinstance(context, type):
+        replaced += patch_context_class(context, recorder)
+    return replaced
+
+
+def patch_context_class(cls: type, recorder: PatchRecorder) -> list[str]:
+    """Set on commit context class ``cls`` a recorded ``create`` and ``commit`` that run the
+    ones it has (its own or inherited, unless already recorded); return the names replaced."""
+    replaced = []
+    create = inspect.getattr_static(cls, "create", None)
+    if isinstance(create, classmethod) and not getattr(create.__func__, _RECORDED, False):
+        def recorded_create(klass, *args, _create=create.__func__, **kwargs):
+            return recorder.create_context(_create, klass, args, kwargs)
+
+        functools.update_wrapper(recorded_create, create.__func__)
+        setattr(recorded_create, _RECORDED, True)
+        cls.create = classmethod(recorded_create)
+        replaced.append(f"{CONTEXT_CLASS}.create")
+    commit = inspect.getattr_static(cls, "commit", None)
+    if callable(commit) and not getattr(commit, _RECORDED, False):
+        def recorded_commit(context, *args, _commit=commit, **kwargs):
+            return recorder.commit_context(_commit, context, args, kwargs)
+
+        functools.update_wrapper(recorded_commit, commit)
+        setattr(recorded_commit, _RECORDED, True)
+        cls.commit = recorded_commit
+        replaced.append(f"{CONTEXT_CLASS}.commit")
     return replaced
 
 
@@ -337,12 +421,13 @@ def install_from_env() -> PatchRecorder | None:
         layer = int(os.environ.get(ENV_LAYER, "0"))
     except ValueError:
         raise RecordError(f"{ENV_LAYER}={os.environ[ENV_LAYER]}: expected an integer") from None
-    recorder = PatchRecorder(path, names, layer, **record.options_from_env())
+    recorder = PatchRecorder(path, names, layer, os.environ.get(ENV_LAYERS) or None, **record.options_from_env())
     record._process_recorder = recorder
     atexit.register(record._close_at_exit, recorder)
     install(recorder, names)
     return recorder
 
 
-__all__ = ["BOOT_DIR", "ENV_LAYER", "ENV_PATCH", "FUNCTIONS", "RAW_KERNELS", "PatchFinder", "PatchRecorder",
-           "RecordedKernel", "install", "install_from_env", "parse_names", "patch_module"]
+__all__ = ["BOOT_DIR", "CONTEXT_CLASS", "ENV_LAYER", "ENV_LAYERS", "ENV_PATCH", "FUNCTIONS", "RAW_KERNELS",
+           "PatchFinder", "PatchRecorder", "RecordedKernel", "install", "install_from_env", "parse_layers", "parse_names",
+           "patch_context_class", "patch_module"]

@@ -1,4 +1,4 @@
-"""Recording the kernel calls of a live process into a trace (format v1).
+"""Recording the kernel calls of a live process into a trace.
 
 ``Recorder(path, impl)`` exposes the kernel API of ``impl`` (``kernels`` by default; any
 spec ``traces.impl.loader.load_impl`` accepts, or a module object) and forwards every call to it.
@@ -13,9 +13,10 @@ Each recorded call becomes one event:
 Shards are written atomically, so a process that dies leaves every completed event (and
 the inputs of the call it died in) on disk; ``close()`` (or ``kda record merge``) merges
 them into one trace: initial buffers assembled from the first-seen contents (zeros where
-nothing was seen), events in order. A trace holds one set of buffers: the first pool,
-records, pending counts, plan and parameters the recorder sees are bound, and calls on
-other buffers (another layer) are passed through unrecorded and counted.
+nothing was seen), events in order. A ``Recorder`` records one layer (format v1): the first
+pool, records, pending counts, plan and parameters it sees are bound, and calls on other
+buffers (another layer) are passed through unrecorded and counted; several layers are
+recorded from patched modules (``traces.record.patch``, format v2).
 
 Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
 call is forwarded as it is, so the graph captures what it would without the recorder, and
@@ -203,7 +204,7 @@ class Recorder(EventRecorder):
         if self.closed or self.stopped or op not in self.ops:
             self.skipped[op] = self.skipped.get(op, 0) + 1
             return False
-        same = all(_same(self._bound[r], t) for r, t in bind.items() if r in self._bound)
+        same = all(same_tensor(self._bound[r], t) for r, t in bind.items() if r in self._bound)
         if lower_bound_used and self._lower_bound is not None:
             same = same and self._lower_bound == (lower_bound,)
         correction = self._bound.get("records.correction")
@@ -212,7 +213,22 @@ class Recorder(EventRecorder):
         if not same:
             self.skipped[op] = self.skipped.get(op, 0) + 1
             return False
+        unlike = self._unlike_other_layers(bind)
+        if unlike is not None:  # the trace's layers share their shapes: it ends before this call
+            self.stopped = self.stopped or unlike
+            return False
         return True
+
+    def _unlike_other_layers(self, bind: dict[str, torch.Tensor]) -> str | None:
+        """Why the buffers ``bind`` cannot be the current layer's: another layer's buffer of the
+        same role has another shape or dtype (None when none has)."""
+        for role, t in bind.items():
+            for i, book in enumerate(self._books):
+                other = book.bound.get(role)
+                if other is not None and (other.shape, other.dtype) != (t.shape, t.dtype):
+                    return (f"layer {self._layer}'s {role} is {list(t.shape)} {t.dtype}, layer {i}'s "
+                            f"{list(other.shape)} {other.dtype}: the layers of a trace share their shapes")
+        return None
 
     def skip(self, reason: str) -> None:
         """Count a call passed through unrecorded under ``reason`` (``skipped_calls``); the
@@ -242,7 +258,8 @@ def _plan(plan) -> dict[str, torch.Tensor]:
     return {f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same buffer (address, shape, dtype, device)."""
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 
@@ -351,4 +368,4 @@ def _close_at_exit(recorder: Recorder) -> None:
 
 
 __all__ = ["ENV_PATH", "MergeResult", "RecordError", "Recorder", "api", "merge_shards", "options_from_env",
-           "record_play", "record_trace", "shards_dir", "written_slots"]
+           "record_play", "record_trace", "same_tensor", "shards_dir", "written_slots"]

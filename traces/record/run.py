@@ -41,9 +41,10 @@ class RecordedRun:
 
 def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max_events: int | None = None,
               max_mb: float | None = None, snapshot: str = "touched", patches: Sequence[str] = (),
-              layer: int = 0, base: dict[str, str] | None = None) -> tuple[dict[str, str], bool]:
+              layer: int = 0, layers: str | None = None,
+              base: dict[str, str] | None = None) -> tuple[dict[str, str], bool]:
     """The child's environment, and whether it chose the Triton interpreter."""
-    from traces.record.patch import BOOT_DIR, ENV_LAYER, ENV_PATCH
+    from traces.record.patch import BOOT_DIR, ENV_LAYER, ENV_LAYERS, ENV_PATCH
 
     env = dict(os.environ if base is None else base)
     env.update({ENV_PATH: str(Path(out).resolve()), "KDA_RECORD_SNAPSHOT": snapshot})
@@ -55,6 +56,8 @@ def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max
         root = str(BOOT_DIR.parents[2])  # where ``traces`` and ``kernels`` are importable from
         env.update({ENV_PATCH: ",".join(patches), ENV_LAYER: str(layer),
                     "PYTHONPATH": os.pathsep.join(p for p in (str(BOOT_DIR), root, env.get("PYTHONPATH")) if p)})
+        if layers is not None:
+            env[ENV_LAYERS] = layers
     interpreter = False
     if "TRITON_INTERPRET" not in env:
         import torch
@@ -81,6 +84,15 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
     if options.get("layer", 0) and not options.get("patches"):
         raise RecordError("--layer needs --patch: a program that records through traces.record.recorder.api() binds the "
                           "first set of buffers it uses")
+    if options.get("layers") is not None:
+        from traces.record.patch import parse_layers
+
+        parse_layers(options["layers"])
+        if not options.get("patches"):
+            raise RecordError("--layers needs --patch: a program that records through traces.record.recorder.api() "
+                              "binds the first set of buffers it uses")
+        if options.get("layer", 0):
+            raise RecordError("--layer and --layers: give one (--layer N records one layer, --layers several)")
     if shards_dir(out).exists():
         raise RecordError(stale_shards(out))
     impl = options.get("impl")

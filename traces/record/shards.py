@@ -27,7 +27,8 @@ from safetensors import safe_open
 
 from traces.format.io import CHECKSUM_KEY, TraceBuilder, crc32, read_header, save_atomic
 from traces.format.schema import (
-    ACTIVATION_DTYPES, OPS, PLAN_FIELDS, STATE_DTYPES, BufferSizes, Dims, Manifest, TraceError, strict_json,
+    ACTIVATION_DTYPES, CONV_LAYOUTS, OPS, PLAN_FIELDS, STATE_DTYPES, BufferSizes, ConvSpec, Dims, Manifest, TraceError,
+    strict_json,
 )
 from traces.format.signals import interrupts_held
 from traces.format.validate import INT32_MAX, TORCH_DTYPES
@@ -176,6 +177,14 @@ def _check_meta(name: str, meta: Any, index: int) -> None:
     need(_count(ctx.get("max_batch"), 0), f"context max_batch {ctx.get('max_batch')!r} is not a count")
     if "plan_rows" in ctx:
         need(_count(ctx["plan_rows"], 1), f"context plan_rows {ctx['plan_rows']!r} is not a positive count")
+    if "layers" in ctx:
+        need(_count(ctx["layers"], 1), f"context layers {ctx['layers']!r} is not a positive count")
+    layer = meta["attrs"].get("layer", 0)
+    need(_count(layer, 0) and layer < ctx.get("layers", 1), f"attrs.layer {layer!r} is not a layer of its context")
+    if "conv" in ctx:
+        conv = ctx["conv"]
+        need(isinstance(conv, dict) and set(conv) == {"layout", "dim", "width"} and conv["layout"] in CONV_LAYOUTS
+             and _count(conv["dim"], 1) and _count(conv["width"], 2), f"context conv {conv!r}")
     if "dims" not in ctx:
         return
     dims = ctx["dims"]
@@ -197,21 +206,49 @@ def _count(value: Any, low: int) -> bool:
     return type(value) is int and low <= value <= INT32_MAX
 
 
+def _layer_snapshots(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
+    """An input shard's first-seen contents by trace layer, named ``snap.<role>``: those of
+    the event's layer (attr ``layer``), and ``layers.<l>.snap.<role>`` of layer ``l`` (an event
+    that spans layers). Raises ``RecordError`` for a layer prefix that is no number."""
+    own = meta["attrs"].get("layer", 0)
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        layer, rest = own, name
+        if name.startswith("layers."):
+            head, _, rest = name.removeprefix("layers.").partition(".")
+            if not head.isdigit():
+                raise RecordError(f"{meta['index']:06d}.in.safetensors: tensor {name!r} names no layer")
+            layer = int(head)
+        if rest.startswith("snap."):
+            out.setdefault(layer, {})[rest] = t
+    return out
+
+
+def _conv_shape(conv: dict | None, T: int) -> tuple[int, int] | None:
+    """A conv state slot's shape in its layout (``S = W - 1 + T - 1`` entries a channel)."""
+    if conv is None:
+        return None
+    S = conv["width"] - 1 + T - 1
+    return (conv["dim"], S) if conv["layout"] == "dim_first" else (S, conv["dim"])
+
+
 def _check_claims(events: list[tuple[dict, dict, dict | None]], d: Dims, sizes: BufferSizes, state: torch.dtype,
-                  act: torch.dtype) -> None:
-    """Before anything is allocated: every shard tensor bears out the last context's dims
-    and sizes, its snapshot indices lie inside them, and the buffers fit in memory."""
+                  act: torch.dtype, num_layers: int, conv: dict | None) -> None:
+    """Before anything is allocated: every shard tensor bears out the last context's dims,
+    sizes, layers and conv state, its snapshot indices lie inside them, and the buffers fit
+    in memory."""
     H, K, V, T = d.H, d.K, d.V, d.T
     N, R, P = sizes.num_slots, sizes.num_record_rows, sizes.plan_rows
+    conv_shape = _conv_shape(conv, T)
     shows_v = False
-    for i, (_, tensors, _) in enumerate(events):
-        def shape(name: str, want: tuple[int, ...]) -> None:
-            if name in tensors and tuple(tensors[name].shape) != want:
-                raise RecordError(f"{i:06d}.in.safetensors: tensor {name!r} has shape {list(tensors[name].shape)}, "
+    for i, (meta, tensors, _) in enumerate(events):
+        def shape(group: dict, name: str, want: tuple[int, ...]) -> None:
+            if name in group and tuple(group[name].shape) != want:
+                raise RecordError(f"{i:06d}.in.safetensors: tensor {name!r} has shape {list(group[name].shape)}, "
                                   f"the shards claim {list(want)} (H={H}, K={K}, V={V}, T={T}, N={N}, R={R}, P={P})")
 
-        def indices(name: str, low: int, high: int) -> int:
-            t = tensors.get(name)
+        def indices(group: dict, name: str, low: int, high: int) -> int:
+            t = group.get(name)
             if t is None:
                 return 0
             inside = t.numel() == 0 or low <= int(t.min()) <= int(t.max()) < high
@@ -219,73 +256,99 @@ def _check_claims(events: list[tuple[dict, dict, dict | None]], d: Dims, sizes: 
                 raise RecordError(f"{i:06d}.in.safetensors: tensor {name!r} holds indices outside [{low}, {high})")
             return t.shape[0]
 
-        for index, contents in (("snap.slots", ("snap.states",)),
-                                ("snap.rows", ("snap.records.correction", "snap.records.key_gate"))):
-            if any((index in tensors) != (name in tensors) for name in contents):
-                raise RecordError(f"{i:06d}.in.safetensors: {index} and {', '.join(contents)} come together")
-        shape("snap.A_log", (H,))
-        shape("snap.dt_bias", (H * K,))
-        shape("snap.pending", (R,))
-        for f in PLAN_FIELDS:
-            shape(f"snap.plan.{f}", (P,))
-        slots = indices("snap.slots", 0, N)
-        shape("snap.states", (slots, H, V, K))
-        rows = indices("snap.rows", 0, R)
-        shape("snap.records.correction", (rows, H, T, V))
-        shape("snap.records.key_gate", (rows, H, T, 2 * K))
+        for layer, group in _layer_snapshots(meta, tensors).items():
+            if not 0 <= layer < num_layers:
+                raise RecordError(f"{i:06d}.in.safetensors: snapshots of layer {layer}, the shards claim "
+                                  f"{num_layers} layer(s)")
+            for index, contents in (("snap.slots", ("snap.states",)),
+                                    ("snap.rows", ("snap.records.correction", "snap.records.key_gate")),
+                                    ("snap.conv_slots", ("snap.conv_states",))):
+                if any((index in group) != (name in group) for name in contents):
+                    raise RecordError(f"{i:06d}.in.safetensors: {index} and {', '.join(contents)} come together")
+            if "snap.conv_slots" in group and conv_shape is None:
+                raise RecordError(f"{i:06d}.in.safetensors: conv state snapshots, the shards claim no conv state")
+            shape(group, "snap.A_log", (H,))
+            shape(group, "snap.dt_bias", (H * K,))
+            shape(group, "snap.pending", (R,))
+            for f in PLAN_FIELDS:
+                shape(group, f"snap.plan.{f}", (P,))
+            slots = indices(group, "snap.slots", 0, N)
+            shape(group, "snap.states", (slots, H, V, K))
+            rows = indices(group, "snap.rows", 0, R)
+            shape(group, "snap.records.correction", (rows, H, T, V))
+            shape(group, "snap.records.key_gate", (rows, H, T, 2 * K))
+            if conv_shape is not None:
+                shape(group, "snap.conv_states", (indices(group, "snap.conv_slots", 0, N), *conv_shape))
+            shows_v |= "snap.states" in group or "snap.records.correction" in group
         v = tensors.get("in.v")
         if v is not None and v.dim() == 4:
-            shape("in.v", (1, v.shape[1], H, V))
-        shows_v |= "snap.states" in tensors or "snap.records.correction" in tensors or (v is not None and v.dim() == 4)
+            shape(tensors, "in.v", (1, v.shape[1], H, V))
+        shows_v |= v is not None and v.dim() == 4
     if not shows_v:
         raise RecordError(f"no shard holds a tensor that shows V = {V}: the claimed state pool is not borne out")
     state_bytes, act_bytes = (torch.empty(0, dtype=x).element_size() for x in (state, act))
-    need = N * H * V * K * state_bytes + R * (H * T * (4 * V + 2 * K * act_bytes) + 4) + P * 4 * len(PLAN_FIELDS)
+    conv_bytes = N * conv_shape[0] * conv_shape[1] * act_bytes if conv_shape is not None else 0
+    need = num_layers * (N * H * V * K * state_bytes + R * (H * T * (4 * V + 2 * K * act_bytes) + 4) + conv_bytes) \
+        + P * 4 * len(PLAN_FIELDS)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > memory:
-        raise RecordError(f"the shards claim buffers of {need / 2**30:.1f} GiB (N={N}, H={H}, V={V}, K={K}, R={R}), "
-                          f"more than this machine's {memory / 2**30:.1f} GiB of memory")
+        raise RecordError(f"the shards claim buffers of {need / 2**30:.1f} GiB (L={num_layers}, N={N}, H={H}, V={V}, "
+                          f"K={K}, R={R}), more than this machine's {memory / 2**30:.1f} GiB of memory")
 
 
 def _assemble(events: list[tuple[dict, dict, dict | None]], extra: dict[str, Any] | None) -> TraceBuilder:
-    """A trace from checked shards: the last context's manifest, initial buffers assembled
-    from first-seen contents (zeros elsewhere), events in order."""
+    """A trace from checked shards: the last context's manifest (version 2 for several
+    layers or conv state), each layer's initial buffers assembled from its first-seen
+    contents (zeros elsewhere), the shared plan from the plan's, events in order."""
     ctx = events[-1][0]["context"]
     if "dims" not in ctx:
         raise TraceError("no verify, commit or flush was recorded, so the state pool is unknown")
     d = Dims(**ctx["dims"])
     sizes = BufferSizes(ctx["num_slots"], ctx["num_record_rows"], ctx.get("plan_rows", max(ctx["max_batch"], 1)))
     state, act = TORCH_DTYPES[ctx["state_dtype"]], TORCH_DTYPES[ctx["activation_dtype"]]
-    _check_claims(events, d, sizes, state, act)
+    num_layers, conv = ctx.get("layers", 1), ctx.get("conv")
+    _check_claims(events, d, sizes, state, act, num_layers, conv)
     N, R, P = sizes.num_slots, sizes.num_record_rows, sizes.plan_rows
-    initial = {
+    conv_shape = _conv_shape(conv, d.T)
+    layers = [{
         "checkpoint_state": torch.zeros(N, d.H, d.V, d.K, dtype=state),
         "records.correction": torch.zeros(R, d.H, d.T, d.V, dtype=torch.float32),
         "records.key_gate": torch.zeros(R, d.H, d.T, 2 * d.K, dtype=act),
         "pending": torch.zeros(R, dtype=torch.int32),
-        **{f"plan.{f}": torch.zeros(P, dtype=torch.int32) for f in PLAN_FIELDS},
-    }
-    params: dict[str, torch.Tensor] = {}
-    for _, tensors, _ in events:
-        for name, t in tensors.items():
-            role = name.removeprefix("snap.")
-            if role in initial and role != "records.correction" and role != "records.key_gate":
-                initial[role] = t
-            elif name in ("snap.A_log", "snap.dt_bias"):
-                params[role] = t
-        if "snap.slots" in tensors:
-            initial["checkpoint_state"][tensors["snap.slots"].long()] = tensors["snap.states"].to(state)
-        if "snap.rows" in tensors:
-            for role in ("records.correction", "records.key_gate"):
-                initial[role][tensors["snap.rows"].long()] = tensors[f"snap.{role}"].to(initial[role].dtype)
-    if set(params) != {"A_log", "dt_bias"}:
-        raise TraceError("the parameters A_log and dt_bias were never seen")
+        **({"conv_state": torch.zeros(N, *conv_shape, dtype=act)} if conv_shape is not None else {}),
+    } for _ in range(num_layers)]
+    plan = {f"plan.{f}": torch.zeros(P, dtype=torch.int32) for f in PLAN_FIELDS}
+    params: list[dict[str, torch.Tensor]] = [{} for _ in range(num_layers)]
+    for meta, tensors, _ in events:
+        for layer, group in _layer_snapshots(meta, tensors).items():
+            initial = layers[layer]
+            for name, t in group.items():
+                role = name.removeprefix("snap.")
+                if role in plan:
+                    plan[role] = t
+                elif role == "pending":
+                    initial[role] = t
+                elif role in ("A_log", "dt_bias"):
+                    params[layer][role] = t
+            for index, contents in (("slots", {"states": "checkpoint_state"}),
+                                    ("rows", {"records.correction": "records.correction",
+                                              "records.key_gate": "records.key_gate"}),
+                                    ("conv_slots", {"conv_states": "conv_state"})):
+                if f"snap.{index}" in group:
+                    for name, role in contents.items():
+                        initial[role][group[f"snap.{index}"].long()] = group[f"snap.{name}"].to(initial[role].dtype)
+    for layer, found in enumerate(params):
+        if set(found) != {"A_log", "dt_bias"}:
+            where = f" of layer {layer}" if num_layers > 1 else ""
+            raise TraceError(f"the parameters A_log and dt_bias{where} were never seen")
     provenance = {**ctx["provenance"], **(extra or {})}
     manifest = Manifest(d, ctx["activation_dtype"], ctx["state_dtype"], ctx["lower_bound"], sizes, {}, {},
-                        provenance=provenance)
+                        provenance=provenance,
+                        conv=None if conv is None else ConvSpec(conv["layout"], conv["dim"], conv["width"]))
     builder = TraceBuilder(manifest)
-    builder.set_params(params["A_log"], params["dt_bias"])
-    builder.set_buffers("initial", initial)
+    for layer, initial in enumerate(layers):
+        builder.set_params(params[layer]["A_log"], params[layer]["dt_bias"], layer=layer)
+        builder.set_buffers("initial", {**initial, **plan}, layer=layer)
     for meta, tensors, expected in events:
         inputs = {n.removeprefix("in."): t for n, t in tensors.items() if n.startswith("in.")}
         results = {n.removeprefix("expected."): t for n, t in (expected or {}).items()}

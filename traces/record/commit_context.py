@@ -1,0 +1,216 @@
+"""Recording an engine's commit context: its ``create`` binds every layer, its ``commit`` is one
+``commit_layers`` event (docs/recording.md, docs/trace-format.md).
+
+A module's ``KDARecoverSSMCommitContext`` (kda's ``kernels.commit_context`` surface) is
+patched in place (``traces.record.patch``). ``create(layers, spec_query_len, max_num_reqs,
+conv_dim_first=...)`` tells the recorder the model's layers: layer ``i`` of the context is
+trace layer ``i``, its ``kv_cache = (conv_state, checkpoint_state, correction, key_gate)``,
+``A_log`` and ``dt_bias`` are bound to it, its conv state layout comes from
+``conv_dim_first`` (or, when ``create`` has no such argument, from the shapes: ``[N, dim, S]``
+unless the last axis is the longer), and the context's plan buffer (``context.plan``) is the
+trace's shared plan. ``commit(...)`` becomes a ``commit_layers`` event spanning every layer,
+its expected results the slots it wrote, every layer's states there and every layer's first
+``W - 1`` conv entries there.
+
+Arguments are read by kda's names (``create``'s ``layers``, ``spec_query_len`` and
+``conv_dim_first``; ``commit``'s ``COMMIT_ARGS`` and the optional four). What the recorder
+cannot read that way, and what a trace of format v2 cannot hold, ends the recording
+(``stopped_by``, and one line on stderr) before it, never a wrong trace, and the call runs
+as it would unrecorded: a context of several layers when the recording chose some only, a
+context's layer used under another number before ``create``, layers of differing shapes, a
+conv state in another dtype than the activations, a context without a plan buffer, and a
+raw kernel (a defer, a flush plan) launched inside the commit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+import torch
+
+from traces.format.schema import PLAN_FIELDS
+from traces.record.recorder import capturing, same_tensor, written_slots
+
+COMMIT_ARGS = ("num_accepted_tokens", "state_indices", "query_start_loc")
+"""What a recorded ``commit`` takes by these names (kda's), besides ``request_indices``,
+``block_table``, ``num_computed_tokens`` and ``mamba_block_size``."""
+
+
+class CommitContextRecording:
+    """What ``traces.record.patch.PatchRecorder`` does with a commit context (module docstring).
+    Needs the recorder's ``chosen`` layers, ``_depth``, ``route`` machinery and event API."""
+
+    def init_context_recording(self) -> None:
+        self._contexts: set[int] = set()  # ids of the contexts bound to the trace
+        self._in_commit: str | None = None  # the context commit running, while it runs
+        self._unrepresentable: str | None = None
+
+    def launched_inside(self, name: str) -> None:
+        """A raw kernel launched inside a recorded call: inside a context's commit the event
+        cannot say what it did (ends the recording once that commit returns)."""
+        if self._in_commit is not None and self._unrepresentable is None:
+            self._unrepresentable = (f"{name} launched inside {self._in_commit}: the commit_layers event of trace "
+                                     "format v2 holds no defer or flush plan")
+
+    def _stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            print(f"kda record: recording stopped: {reason}", file=sys.stderr)
+
+    # -- create -----------------------------------------------------------------------
+
+    def create_context(self, create, klass, args: tuple, kwargs: dict):
+        """``klass.create(*args, **kwargs)`` through ``create`` (the class's own function),
+        its layers bound to the trace."""
+        context = create(klass, *args, **kwargs)
+        if self._depth:
+            return context
+        if self.chosen is None or self.closed or self.stopped:
+            self.skip("commit_context")
+            return context
+        try:
+            a = _arguments(create, klass, args, kwargs)
+            models = [_layer_fields(layer) for layer in a["layers"]]
+            spec_query_len = int(a["spec_query_len"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self._stop(f"{klass.__name__}.create: its layers cannot be read as kda's ({type(exc).__name__}: {exc})")
+            return context
+        self._bind_context(context, models, spec_query_len, a.get("conv_dim_first"))
+        return context
+
+    def _bind_context(self, context, models: list[tuple], spec_query_len: int, conv_dim_first: bool | None) -> None:
+        """Bind the context's layers (``_layer_fields`` of each) to trace layers 0.., or stop."""
+        if self.chosen != "all" and len(models) > 1:
+            self._stop(f"a commit context holds {len(models)} layers and --layers {','.join(map(str, self.chosen))} "
+                       "chose some: record it with --layers all")
+            return
+        plan = getattr(context, "plan", None)
+        if plan is None or not all(isinstance(getattr(plan, f, None), torch.Tensor) for f in PLAN_FIELDS):
+            self._stop(f"{type(context).__name__} has no plan buffer (context.plan with the columns "
+                       f"{', '.join(PLAN_FIELDS)})")
+            return
+        for i, (kv_cache, A_log, dt_bias, lower_bound) in enumerate(models):
+            conv, pool = kv_cache[0], kv_cache[1]
+            if self.model_layer("checkpoint_state", pool) != i:
+                self._stop(f"layer {i} of the commit context was used as layer "
+                           f"{self.model_layer('checkpoint_state', pool)} before it was created")
+                return
+            dim_first = conv_dim_first if conv_dim_first is not None else conv.shape[1] >= conv.shape[2]
+            entries = conv.shape[2] if dim_first else conv.shape[1]
+            if conv.dtype != kv_cache[3].dtype:
+                self._stop(f"layer {i}'s conv state is {conv.dtype}, its activations {kv_cache[3].dtype}: a trace "
+                           "keeps conv state in the activation dtype")
+                return
+            if self.trace_layer(i) is None:
+                self._stop(f"the commit context's layer {i} is not among --layers {','.join(map(str, self.chosen))}")
+                return
+            self.select_layer(self.trace_layer(i))
+            bind = {"checkpoint_state": pool, "records.correction": kv_cache[2], "records.key_gate": kv_cache[3],
+                    "A_log": A_log, "dt_bias": dt_bias, "conv_state": conv,
+                    **{f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}}
+            unlike = [role for role, t in bind.items() if role in self._bound and not same_tensor(self._bound[role], t)]
+            if unlike or self._lower_bound not in (None, (lower_bound,)):
+                self._stop(f"layer {i} of the commit context is not the layer {i} recorded before it was created "
+                           f"({', '.join(unlike) or 'gate_lower_bound'} differs)")
+                return
+            differs = self._unlike_other_layers(bind)
+            if differs is not None:
+                self._stop(differs)
+                return
+            for role, t in bind.items():
+                self._bind(role, t)
+            self.bind_conv(conv, "dim_first" if dim_first else "token_first", entries - spec_query_len + 2)
+            if self._lower_bound is None:
+                self._lower_bound = (lower_bound,)
+        self._contexts.add(id(context))
+
+    # -- commit -----------------------------------------------------------------------
+
+    def commit_context(self, commit, context, args: tuple, kwargs: dict):
+        """``context.commit(*args, **kwargs)`` through ``commit`` (the class's own function):
+        one ``commit_layers`` event when the context is bound to the trace."""
+        if self._depth:
+            return commit(context, *args, **kwargs)
+        if capturing():
+            self.skip("captured")
+            return commit(context, *args, **kwargs)
+        if id(context) not in self._contexts or self.closed or self.stopped or "commit" not in self.ops:
+            self.skip("commit_context")
+            return commit(context, *args, **kwargs)
+        try:
+            a = _arguments(commit, context, args, kwargs)
+        except TypeError as exc:  # the call itself will say how it does not bind
+            self._stop(f"{type(context).__name__}.commit: {exc}")
+            return commit(context, *args, **kwargs)
+        need = COMMIT_ARGS + (("mamba_block_size",) if a.get("block_table") is not None else ())
+        missing = [name for name in need if not isinstance(a.get(name), torch.Tensor | int)]
+        if missing:
+            self._stop(f"{type(context).__name__}.commit: no {', '.join(missing)} among its arguments (kda's names)")
+            return commit(context, *args, **kwargs)
+        B = a["state_indices"].shape[0]
+        if B == 0:
+            return commit(context, *args, **kwargs)
+        self._drop_flush()
+        self._depth += 1
+        try:
+            return self._record_commit(commit, context, args, kwargs, a, B)
+        finally:
+            self._depth -= 1
+
+    def _record_commit(self, commit, context, args, kwargs, a: dict, B: int):
+        state_indices, block_table = a["state_indices"], a.get("block_table")
+        requests = a.get("request_indices")
+        inputs = {"num_accepted": a["num_accepted_tokens"], "state_indices": state_indices,
+                  "query_start_loc": a["query_start_loc"], "request_indices": None if requests is None else requests[:B],
+                  "block_table": block_table, "num_computed": a.get("num_computed_tokens")}
+        attrs = {"block_size": int(a["mamba_block_size"])} if block_table is not None else {}
+        touched = state_indices.reshape(-1)
+        if block_table is not None:  # align mode: the plan's final and boundary slots come from the table
+            touched = torch.cat([touched, block_table.reshape(-1).to(touched.device, touched.dtype)])
+        layers = list(range(len(self._books)))
+        event = self._begin("commit_layers", inputs, attrs, touched, state_indices, {}, self._lower_bound,
+                            layers=layers)
+        self._in_commit, self._unrepresentable = f"{type(context).__name__}.commit", None
+        try:
+            result = self._call(event, lambda: commit(context, *args, **kwargs))
+        finally:
+            self._in_commit = None
+        if self._unrepresentable is not None:
+            self._discard(event)
+            self._stop(self._unrepresentable)
+            return result
+        slots = written_slots(context.plan, state_indices, state_indices)
+        pools = [self._books[i].bound["checkpoint_state"] for i in layers]
+        convs = [self._books[i].bound["conv_state"] for i in layers]
+        history = self._conv["width"] - 1
+        windows = [c[slots.to(c.device)][:, :, :history] if self._conv["layout"] == "dim_first"
+                   else c[slots.to(c.device)][:, :history] for c in convs]
+        self._end(event, {"slots": slots.to(torch.int32), "states": torch.stack([p[slots.to(p.device)] for p in pools]),
+                          "conv_windows": torch.stack(windows)})
+        return result
+
+
+def _arguments(function, first, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``function(first, *args, **kwargs)``'s arguments by name, defaults included and a
+    ``**kwargs`` parameter's entries among them. Raises ``TypeError`` when they do not bind."""
+    call = inspect.signature(function).bind(first, *args, **kwargs)
+    call.apply_defaults()
+    out: dict[str, Any] = {}
+    for name, value in call.arguments.items():
+        kind = call.signature.parameters[name].kind
+        out.update(value if kind is inspect.Parameter.VAR_KEYWORD else {name: value})
+    return out
+
+
+def _layer_fields(layer) -> tuple[tuple, Any, Any, Any]:
+    """``(kv_cache, A_log, dt_bias, gate_lower_bound)`` of a context's layer: an object with
+    those attributes, or a tuple in ``kernels.commit_context.CommitLayer``'s order."""
+    if hasattr(layer, "kv_cache"):
+        return tuple(layer.kv_cache), layer.A_log, layer.dt_bias, layer.gate_lower_bound
+    kv_cache, A_log, dt_bias, _, _, lower_bound = layer
+    return tuple(kv_cache), A_log, dt_bias, lower_bound
+
+
+__all__ = ["CommitContextRecording"]
