@@ -165,6 +165,71 @@ def test_the_commit_bug_fails_the_replay_and_repro_shrinks_it_to_the_commit(reco
     assert done.returncode == 1, done.stdout + done.stderr
 
 
+CONTEXT_RECORDING = ["--commit", "context", "--layers", "3", "--steps", "5", "--seed", "3",
+                     "--conv-layout", "token_first"]
+
+
+@pytest.fixture(scope="module")
+def context_recorded(tmp_path_factory) -> Path:
+    """The engine in context mode (3 layers, conv state, one commit a step through the module's
+    own context) recorded unedited with ``--layers all``."""
+    path = tmp_path_factory.mktemp("context") / "context.safetensors"
+    done = _kda("record", "run", str(path), "--patch", MODULE, "--layers", "all", "--format", "json", "--",
+                sys.executable, ENGINE, *CONTEXT_RECORDING)
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def test_a_context_recording_holds_every_layer_its_conv_writes_and_one_commit_a_step(context_recorded):
+    """A v2 trace of the 3 layers with their conv state: each step a conv write and a verify on
+    every layer, then one ``commit_layers`` with rows read through ``request_indices``."""
+    with read_trace(context_recorded) as trace:
+        manifest = trace.manifest
+        ops = [(e.op, e.attrs.get("layer", 0)) for e in trace.events]
+        commits = [{role: trace.tensor(ref) for role, ref in e.inputs.items() if ref is not None}
+                   for e in trace.events if e.op == "commit_layers"]
+        conv_writes = [e for e in trace.events if e.op == "write" and e.inputs.get("conv_slots") is not None]
+    assert manifest.num_layers == 3 and manifest.conv.layout == "token_first"
+    assert [op for op, _ in ops].count("commit_layers") == 5
+    assert sorted({layer for op, layer in ops if op == "verify"}) == [0, 1, 2]
+    assert len(conv_writes) >= 5 and {e.attrs.get("layer", 0) for e in conv_writes} == {0, 1, 2}
+    rows = [c["request_indices"].tolist() for c in commits if c.get("request_indices") is not None]
+    assert rows and any(r != sorted(r) for r in rows)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference", MODULE_FILE])
+def test_a_context_recording_replays(context_recorded, impl):
+    """Exit 0 through kda's context and kernels and through the module's own context (bit for
+    bit: same kernels, conv a copy), and through the float64 reference at its tolerances."""
+    report = _replay(context_recorded, impl, *(EXACT if impl != "reference" else ()))
+    assert report["exit"] == 0 and report["passed"], [t for e in report["events"] for t in e["tensors"]
+                                                      if not t["passed"]][:3]
+    assert any(e["op"] == "commit_layers" for e in report["events"])
+
+
+def test_a_wrong_conv_window_in_the_module_is_reported_at_its_layer_slot_and_position(context_recorded):
+    """With ``KDA_EXAMPLE_BUG=conv-window`` the module's context takes layer 1's window one
+    entry early on rows that accept every token: the replay through it fails (exit 1) at a
+    ``commit_layers`` event's conv windows, layer 1, on a slot whose row accepted T tokens."""
+    done = _kda("replay", str(context_recorded), "--impl", MODULE_FILE, "--format", "json", "--no-progress",
+                *EXACT, **{BUG: "conv-window"})
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    failing = [t for e in report["events"] for t in e["tensors"] if not t["passed"]]
+    assert failing and {t["role"] for t in failing} == {"conv_windows"}
+    with read_trace(context_recorded) as trace:
+        T = trace.manifest.dims.T
+        for t in failing:
+            for bad in (t["first_bad"], t["worst_bad"]):
+                assert bad["op"] == "commit_layers" and bad["layer"] == 1
+                assert {"slot", "channel", "position"} <= set(bad)
+                event = trace.events[bad["event"]]
+                x = {role: trace.tensor(ref) for role, ref in event.inputs.items() if ref is not None}
+                row = x["state_indices"].tolist().index(bad["slot"])
+                request = x["request_indices"][row] if "request_indices" in x else row
+                assert int(x["num_accepted"][request]) == T
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--graphs"], {}, "Error: --graphs needs a CUDA device"),
     (["--steps", "0"], {}, "Error: --steps 0: expected a positive number"),
