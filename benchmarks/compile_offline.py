@@ -1,6 +1,6 @@
 """Compile every kernel launch of every design for sm_90, without a GPU.
 
-usage: python3 benchmarks/compile_offline.py [--resources] [--rows N] [--force OP=DESIGN ...]
+usage: python3 benchmarks/compile_offline.py [--resources]
 
 Runs the public API and the commit context on CPU tensors at the k3-tp8 shape (H=12, K=V=128, bf16 activations),
 each design forced in turn through ``KDA_DESIGN``, with the launch choices an H200 gets
@@ -10,15 +10,10 @@ compiled path (not the interpreter's) shows here before a GPU run. Nothing is la
 no value is checked; ``pytest -m gpu`` does that. Exit status 0 when every launch compiled.
 ``--resources``: each kernel's registers per thread, spill bytes and SASS instruction count
 (static, the whole kernel), from ``cuobjdump``; a proxy for a change's cost, not a time.
-``--rows N``: batches of ``N`` rows (``tests.kernel_problems.standard_rows`` repeated), so
-that launch choices that follow the batch are those of ``N`` rows (the default: one of
-each kind, 9 or 13). ``--force OP=DESIGN`` (repeatable): that design of ``OP`` in every
-set, to compare two designs of one op kernel by kernel.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import re
@@ -42,14 +37,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
 _compiled: set[tuple[str, str, str]] = set()
 _CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-_parser = argparse.ArgumentParser(description="Compile every kernel launch of every design for sm_90.")
-_parser.add_argument("--resources", action="store_true")
-_parser.add_argument("--rows", type=int, default=0)
-_parser.add_argument("--force", action="append", default=[], metavar="OP=DESIGN")
-_ARGS = _parser.parse_args()
-RESOURCES = _ARGS.resources
-ROWS = _ARGS.rows
-FORCED = dict(entry.partition("=")[::2] for entry in _ARGS.force)
+RESOURCES = "--resources" in sys.argv[1:]
 
 
 def resources(cubin: bytes) -> str:
@@ -89,28 +77,22 @@ import kernels  # noqa: E402
 import kernels.dependent_launch  # noqa: E402
 from kernels import launch  # noqa: E402
 from kernels.buffers import CommitPlan  # noqa: E402
-from tests.kernel_problems import make_problem, standard_rows  # noqa: E402
+from tests.kernel_problems import make_problem  # noqa: E402
 
 launch.Target.of = staticmethod(lambda device: launch.H200)
 kernels.dependent_launch.is_hopper_or_later = lambda device: True
 
-# every design of each op at least once, the ops side by side; a forced op's design in every set
+# every design of each op at least once, the ops side by side
 DESIGN_SETS = [
-    {**{op: designs[min(i, len(designs) - 1)] for op, designs in launch.DESIGNS.items()}, **FORCED}
+    {op: designs[min(i, len(designs) - 1)] for op, designs in launch.DESIGNS.items()}
     for i in range(max(len(designs) for designs in launch.DESIGNS.values()))
 ]
 
 
 def run_ops(T: int, state_dtype: torch.dtype, lower_bound: float | None, with_record_indices: bool) -> None:
-    """Verify, commit and the flushing verify once each on a fresh k3-tp8 problem (of ``ROWS``
-    rows, if given)."""
-    lengths, kinds = standard_rows(T)
-    if ROWS:
-        reps = ROWS // len(lengths) + 1
-        lengths, kinds = (lengths * reps)[:ROWS], (kinds * reps)[:ROWS]
+    """Verify, commit and the flushing verify once each on a fresh k3-tp8 problem."""
     p = make_problem("cpu", H=12, K=128, V=128, T=T, act=torch.bfloat16, state_dtype=state_dtype,
-                     lower_bound=lower_bound, seed=0, with_record_indices=with_record_indices, lengths=lengths,
-                     kinds=kinds)
+                     lower_bound=lower_bound, seed=0, with_record_indices=with_record_indices)
     p.verify(kernels, p.state, p.records)
     plan = CommitPlan.allocate(p.batch, torch.device("cpu"))
     kernels.kda_recoverssm_commit(p.state, p.records, p.A_log, p.dt_bias, lower_bound, p.state_indices, plan,
@@ -142,9 +124,6 @@ def run_context(T: int, state_dtype: torch.dtype, lower_bound: float | None) -> 
 
 
 def main() -> None:
-    for op, design in FORCED.items():
-        if design not in launch.DESIGNS.get(op, ()):
-            sys.exit(f"--force {op}={design}: no such design (ops and designs: kernels.launch.DESIGNS)")
     for designs in DESIGN_SETS:
         os.environ[launch.DESIGN_ENV] = ",".join(f"{op}={design}" for op, design in designs.items())
         for T, state_dtype, lower_bound, with_rec in ((4, torch.float32, -5.0, True), (8, torch.float32, -5.0, True),

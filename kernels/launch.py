@@ -27,20 +27,16 @@ DOT_PRECISION = "tf32x3"
 DESIGN_ENV = "KDA_DESIGN"
 
 DESIGNS = {
-    "verify": ("token-loop", "one-pass", "two-kernels", "two-kernels-persistent"),
-    "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels",
-                     "two-kernels-persistent"),
+    "verify": ("token-loop", "one-pass", "two-kernels"),
+    "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "one-launch-tables-first", "one-launch-boundary-in-loop", "per-layer"),
 }
-"""Every design of each op (docs/design.md §9 says what each one is). ``two-kernels-persistent``
-is forced only: no rule of the table picks it."""
+"""Every design of each op (docs/design.md §9 says what each one is)."""
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 _TUNED_SM_COUNT = 132  # the H200 the thresholds below were measured on
 _TOKEN_LOOP_REGISTERS = 168  # 12 one-warp programs per SM; ptxas schedules to the budget
-_SM_REGISTERS = 65536  # 32-bit registers an SM (sm_80 to sm_90)
-_WARP_REGISTER_UNIT = 256  # an SM allocates a warp's registers in units of this many
 _FACTORED_LOG_RANGE = 80.0  # largest |G| with exp(G) and exp(-G) both finite in float32
 
 
@@ -225,7 +221,6 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
                             window_at_once=at_once, num_warps=1, max_registers=_token_loop_budget(key, rows, flush),
                             **common)
     block_t = max(_DOT_MIN // 2, window)  # the stacked [W; P] has 2 block_t >= 16 rows
-    persistent = design == "two-kernels-persistent"
     if design == "one-pass" or flush:
         # one warp on 32 rows: the narrow tiles a program with a serial chain per V-tile runs best on
         narrow = dict(block_v=max(_DOT_MIN, min(32, triton.next_power_of_2(head_v_dim))), num_warps=1)
@@ -234,21 +229,8 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
         # flushing two kernels: capped, more of the fold's state programs are resident
         return VerifyConfig(block_t=block_t, window_at_once=True, max_registers=168, **narrow,
                             **{**common, "key_side_max_registers": 128, "key_side_warps": _key_side_warps(key)})
-    # persistent: capped, so that the count of resident programs (persistent_programs) holds
     return VerifyConfig(block_v=_verify_state_rows(key), block_t=block_t, window_at_once=True, num_warps=2,
-                        max_registers=168 if persistent else None,
-                        **{**common, "key_side_warps": _key_side_warps(key)})
-
-
-def persistent_programs(cfg: VerifyConfig, tiles: int, target: Target) -> int:
-    """Programs of the persistent state kernel (``two-kernels-persistent``) over ``tiles``
-    state tiles: as many as ``cfg``'s register cap keeps resident on every SM of ``target``
-    (the count scales with the SM count, as the table's pairs do); under the interpreter,
-    which runs programs one after another, one SM's worth, so that each walks several tiles.
-    Never more than ``tiles``."""
-    warp_registers = -(-cfg.max_registers * 32 // _WARP_REGISTER_UNIT) * _WARP_REGISTER_UNIT
-    per_sm = _SM_REGISTERS // (warp_registers * cfg.num_warps)
-    return max(1, min(tiles, per_sm * (target.sm_count if target.compiled else 1)))
+                        max_registers=None, **{**common, "key_side_warps": _key_side_warps(key)})
 
 
 def _key_side_warps(key: Key) -> int:

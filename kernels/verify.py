@@ -7,8 +7,7 @@ Three designs, one module each, chosen by ``kernels.launch`` (docs/design.md §9
 - ``kernels.verify_one_pass``: the window's matrix form in one kernel, every V-tile building
   the window's operands, for few (row, head) pairs;
 - ``kernels.verify_two_kernels``: the key side once per (row, head), then one pipelined read
-  of each state tile, for the rest; ``kernels.verify_persistent_state`` (forced only) runs
-  its state kernel as resident programs that walk the tiles.
+  of each state tile, for the rest.
 
 ``kda_recoverssm_flush_verify`` runs the token loop or the two kernels folding each row's
 pending records first, so that a deferred step reads each slot once; for the fewest pairs
@@ -26,7 +25,6 @@ from kernels.commit import fold_pending
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.launch import Target, verify_config
 from kernels.verify_one_pass import launch_one_pass
-from kernels.verify_persistent_state import launch_persistent_state
 from kernels.verify_token_loop import launch_token_loop
 from kernels.verify_two_kernels import launch_two_kernels
 from kernels.verify_window import VerifyCall
@@ -49,8 +47,6 @@ def _launch(call: VerifyCall, pending=None, plan: CommitPlan | None = None) -> N
         launch_token_loop(call, cfg, pending, plan_rows)
     elif cfg.design == "one-pass":
         launch_one_pass(call, cfg)
-    elif cfg.design == "two-kernels-persistent":
-        launch_persistent_state(call, cfg, pending, plan_rows)
     else:
         launch_two_kernels(call, cfg, pending, plan_rows)
 

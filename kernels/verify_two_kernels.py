@@ -246,38 +246,32 @@ def _verify_state_kernel(
                        V, BM)
 
 
-def launch_key_side(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_rows=(None,) * 4) -> tuple:
-    """The key side on ``cfg``'s tiles (flushing with ``pending`` counts, writing the flush
-    plan into ``plan_rows``); returns the state kernel's ``window_operands`` and
-    ``fold_operands``, which it has written."""
-    B, H, K = call.B, call.H, call.K
-    flush = pending is not None
-    f32 = dict(dtype=torch.float32, device=call.v.device)
-    window_operands = (torch.empty((B, H, cfg.block_m, K), **f32), torch.empty((B, H, cfg.block_m), **f32),
-                       torch.empty((B, H, cfg.block_m, cfg.block_m), **f32))
-    fold_operands = (torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32),
-                     torch.empty((B, H, K) if flush else (1,), **f32))
-    _verify_key_side_kernel[(H, B, 2 if flush else 1)](
-        call.tokens(), call.token_strides(), call.gate(), call.records.key_gate, window_operands, fold_operands,
-        pending, plan_rows, call.rows(), call.state_indices.stride(0),
-        BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
-        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
-        **dependent_launch(call.v.device), num_warps=cfg.key_side_warps, num_stages=1,
-        maxnreg=cfg.key_side_max_registers,
-    )
-    return window_operands, fold_operands
-
-
 def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_rows=(None,) * 4) -> None:
     """The key side, then the state kernel, on ``cfg``'s tiles; flushing with ``pending``
     counts (and the ``plan_rows`` that receive the flush plan)."""
-    H, V = call.H, call.V
-    window_operands, fold_operands = launch_key_side(call, cfg, pending, plan_rows)
-    _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, call.B)](
-        call.tokens(), call.token_strides(), call.state, window_operands, call.records.correction, fold_operands,
-        pending, plan_rows[0], call.rows(), call.state_indices.stride(0),
-        H=H, K=call.K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
+    B, H, K, V = call.B, call.H, call.K, call.V
+    flush = pending is not None
+    device = call.v.device
+    f32 = dict(dtype=torch.float32, device=device)
+    operand = torch.empty((B, H, cfg.block_m, K), **f32)
+    row_scale = torch.empty((B, H, cfg.block_m), **f32)
+    mix = torch.empty((B, H, cfg.block_m, cfg.block_m), **f32)
+    fold = torch.empty((B, H, cfg.block_t, K) if flush else (1,), **f32)
+    decay = torch.empty((B, H, K) if flush else (1,), **f32)
+    dependent = dependent_launch(device)
+    tokens, token_strides, rows = call.tokens(), call.token_strides(), call.rows()
+    _verify_key_side_kernel[(H, B, 2 if flush else 1)](
+        tokens, token_strides, call.gate(), call.records.key_gate, (operand, row_scale, mix), (fold, decay), pending,
+        plan_rows, rows, call.state_indices.stride(0),
+        BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
+        **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
+    )
+    _verify_state_kernel[(triton.cdiv(V, cfg.block_v), H, B)](
+        tokens, token_strides, call.state, (operand, row_scale, mix), call.records.correction, (fold, decay), pending,
+        plan_rows[0], rows, call.state_indices.stride(0),
+        H=H, K=K, V=V, T=call.T, BK=cfg.block_k, BKK=cfg.block_kk, BV=cfg.block_v, BM=cfg.block_m,
         FOLD_DEPTH=cfg.fold_depth, STAGES=cfg.stages, HAS_RECORD_INDICES=call.record_indices is not None,
-        FLUSH=pending is not None, DOT_PRECISION=DOT_PRECISION, **dependent_launch(call.v.device),
-        num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
+        FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **dependent, num_warps=cfg.num_warps,
+        num_stages=1, maxnreg=cfg.max_registers,
     )

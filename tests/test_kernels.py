@@ -59,8 +59,7 @@ CONFIGS = [
 
 # the stock round trip pairs every design of each op with one of the other's
 STOCK_DESIGNS = [("token-loop", "token-loop"), ("two-kernels", "fold-operand-once"),
-                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide"),
-                 ("two-kernels-persistent", "fold-operand-once")]
+                 ("one-pass", "fold-in-tile"), ("two-kernels", "fold-operand-once-wide")]
 
 
 def use_designs(monkeypatch, **designs: str) -> None:
@@ -144,25 +143,6 @@ def test_token_loops_take_a_register_budget():
     assert {verify(b, 12, 128, 128, 8, flush=True).max_registers for b in (2, 4)} == {168}
     budgets = [commit(b, 12, 128, 128, 4).max_registers for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)]
     assert budgets == [168, 168, None, None, 168, 168, 168, 168, None, None]
-
-
-def test_persistent_state_kernel_is_forced_only_and_stays_resident():
-    """The table never picks ``two-kernels-persistent``; forced, its state programs are as
-    many as a 168-register cap keeps resident: 6 an SM on the stock two-warp tiles, 12 on the
-    flushing one-warp tiles, on every SM of the GPU (one SM's worth under the interpreter),
-    never more than the tiles."""
-    launch = kernels.launch
-    verify, programs = launch.verify_config, launch.persistent_programs
-    assert "two-kernels-persistent" not in {verify(b, 12, 128, 128, T, flush=flush).design
-                                            for b in (1, 8, 64, 256, 1024) for T in (4, 8) for flush in (False, True)}
-    stock = verify(256, 12, 128, 128, 8, design="two-kernels-persistent")
-    flushing = verify(256, 12, 128, 128, 8, flush=True, design="two-kernels-persistent")
-    assert (stock.block_v, stock.num_warps, stock.max_registers) == (64, 2, 168)
-    assert (flushing.block_v, flushing.num_warps, flushing.max_registers) == (32, 1, 168)
-    assert programs(stock, 6144, launch.H200) == 6 * 132 and programs(flushing, 12288, launch.H200) == 12 * 132
-    assert programs(stock, 6144, launch.Target(compiled=True, sm_count=66)) == 6 * 66
-    assert programs(flushing, 100, launch.H200) == 100
-    assert (programs(stock, 6144, launch.INTERPRETER), programs(flushing, 6144, launch.INTERPRETER)) == (6, 12)
 
 
 @pytest.mark.parametrize("value, message", [
@@ -384,39 +364,6 @@ def test_deferred_two_rounds_match_reference(device, commit_design, with_eager):
     assert same_bits(state, settled), "flushing twice folded the window twice"
 
 
-def poison_scratch(monkeypatch) -> None:
-    """Every floating-point ``torch.empty`` starts as infinities: a product that reads a lane
-    no kernel wrote meets inf - inf, which fails a test under the interpreter that makes
-    numpy's invalid-value warning an error."""
-    allocate = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = allocate(*args, **kwargs)
-        return t.fill_(float("inf")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
-
-
-def flush_verify_both(p: Problem, buffers, buffers64, rows, before, rounds: int):
-    """One flushing verify of ``p``'s window through the kernels and the reference, outputs
-    starting as NaN; ``buffers`` and ``buffers64`` are each ``(state, records, pending, plan)``.
-    Checks the pending counts, the plans and the states (``before``: the state before, for
-    ``check_states``); returns the two outputs."""
-    state, records, pending, plan = buffers
-    state64, records64, pending64, plan64 = buffers64
-    out = kernels.kda_recoverssm_flush_verify(
-        *p.activations(), p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc, p.state_indices,
-        p.T, rows, pending, plan, out=torch.full_like(p.v, float("nan")))
-    out64 = ref.kda_recoverssm_flush_verify(
-        *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
-        p.query_start_loc, p.state_indices, p.T, rows, pending64, plan64,
-        out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=p.v.device))
-    assert torch.equal(pending, pending64), "pending counts differ after the flush"
-    check_plans(plan, plan64, p.batch)
-    check_states(p, state, state64, before, rounds)
-    return out, out64
-
-
 FLUSHING_CASES = [
     pytest.param(design, dtype, 4, -5.0, id=f"{design}-{name}")
     for design in kernels.launch.DESIGNS["flush-verify"]
@@ -424,7 +371,7 @@ FLUSHING_CASES = [
     if design != "flush-apart" or dtype == torch.float32  # apart: two tested kernels in turn
 ] + [  # K3's window, and gates without a lower bound (the unfactored window)
     pytest.param(design, torch.float32, 8, None, id=f"{design}-T8-no-lower-bound")
-    for design in ("flush-apart", "token-loop-at-once", "two-kernels", "two-kernels-persistent")
+    for design in ("flush-apart", "token-loop-at-once", "two-kernels")
 ] + [  # a long window token by token: the 2-row tiles of the fewest pairs (compiled)
     pytest.param("token-loop-token-by-token", torch.float32, 8, -5.0, id="token-loop-token-by-token-T8",
                  marks=pytest.mark.gpu_only)]
@@ -438,8 +385,14 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
     whose pending records are folded although it has no tokens, NaN in every slot and
     record row the batch does not name; two blocks of key channels. Scratch buffers start
     as infinities: a product that reads a lane no kernel wrote meets inf - inf and fails the
-    test under the interpreter (``poison_scratch``)."""
-    poison_scratch(monkeypatch)
+    test under the interpreter (numpy's invalid-value warning, made an error here)."""
+    allocate = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        return t.fill_(float("inf")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
     use_designs(monkeypatch, flush_verify=design)
     seed = fresh_seed()
     gen = random.Random(seed)
@@ -458,8 +411,17 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
                 recs.key_gate[rows[empty_row]] = recs.key_gate[rows[0]]
         before, before_records = state.clone(), (records.correction.clone(), records.key_gate.clone())
         folded += int(pending[rows].clamp(min=0).sum())
-        out, out64 = flush_verify_both(p, (state, records, pending, plan), (state64, records64, pending64, plan64),
-                                       rows, before, rounds)
+        acts = p.activations()
+        out = kernels.kda_recoverssm_flush_verify(
+            *acts, p.A_log, p.dt_bias, p.lower_bound, state, records, p.query_start_loc, p.state_indices, T,
+            rows, pending, plan, out=torch.full_like(p.v, float("nan")))
+        out64 = ref.kda_recoverssm_flush_verify(
+            *p.activations(torch.float64), p.A_log, p.dt_bias, p.lower_bound, state64, records64,
+            p.query_start_loc, p.state_indices, T, rows, pending64, plan64,
+            out=torch.full(p.v.shape, float("nan"), dtype=torch.float64, device=device))
+        assert torch.equal(pending, pending64), "pending counts differ after the flush"
+        check_plans(plan, plan64, p.batch)
+        check_states(p, state, state64, before, rounds)
         check_window_results(p, out, out64, records, records64, before_records, rounds)
 
         accepted = random_accepted(p, gen)  # row 0 (a full window) defers T
@@ -472,79 +434,6 @@ def test_flush_verify_matches_flush_then_verify(device, state_dtype, design, T, 
         p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
     assert folded > 0, "the test folded nothing"
     assert int(row_counters(torch.device(device), 1).abs().sum()) == 0, "a counter was left set"
-
-
-PERSISTENT_CASES = [
-    # flushing, H, K, V, T, rows, fewest programs
-    pytest.param(False, 2, 64, 32, 4, 14, True, id="stock-fewest-programs"),
-    pytest.param(True, 2, 64, 32, 4, 14, True, id="flushing-fewest-programs"),
-    pytest.param(True, 2, 64, 32, 8, 14, True, id="flushing-T8-fewest-programs"),
-] + [  # Kimi-K3 per TP8 rank, 256 rows, on every SM of the GPU
-    pytest.param(flushing, 12, 128, 128, T, 256, False, id=f"{'flushing' if flushing else 'stock'}-k3-T{T}-256-rows",
-                 marks=pytest.mark.gpu_only)
-    for flushing, T in ((True, 8), (True, 4), (False, 8))]
-
-
-@pytest.mark.parametrize("flushing, H, K, V, T, batch, fewest_programs", PERSISTENT_CASES)
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_persistent_state_programs_walk_tiles_past_the_last(device, monkeypatch, flushing, H, K, V, T, batch,
-                                                          fewest_programs):
-    """``two-kernels-persistent`` (verify, or flush-verify with ``flushing``) against the
-    reference over two rounds, with fewer programs than tiles and the tiles not a multiple of
-    them: every program walks several tiles and some step past the last, which is a full row
-    that folds (flushing, in round 2, with every pending count 0..T on other rows): a step
-    past it must neither fold nor store again. ``fewest_programs``: one SM's worth of
-    programs (the GPU taken as one SM), else the device's own count (the steps past the
-    last tile depend on its SM count: 132 has them). ``batch`` rows of every
-    kind (``standard_rows`` repeated, then the full row), NaN in every slot and record row the batch
-    does not name, scratch buffers poisoned with infinities (``poison_scratch``)."""
-    poison_scratch(monkeypatch)
-    launch = kernels.launch
-    if fewest_programs:
-        one_sm = launch.Target(compiled=torch.cuda.is_available(), sm_count=1)
-        monkeypatch.setattr(launch.Target, "of", staticmethod(lambda _device: one_sm))
-    use_designs(monkeypatch, **{"flush_verify" if flushing else "verify": "two-kernels-persistent"})
-    seed = fresh_seed()
-    gen = random.Random(seed)
-    standard_lengths, standard_kinds = standard_rows(T)
-    reps = batch // len(standard_lengths) + 1
-    lengths = (standard_lengths * reps)[:batch - 1] + [T]
-    kinds = (standard_kinds * reps)[:batch - 1] + [1]
-
-    def problem(seed):
-        return make_problem(device, H=H, K=K, V=V, T=T, act=torch.bfloat16, state_dtype=torch.float32,
-                            lower_bound=-5.0, seed=seed, lengths=lengths, kinds=kinds)
-
-    p = problem(seed)
-    target = launch.Target.of(torch.device(device))
-    cfg = launch.verify_config(p.batch, H, K, V, T, flush=flushing, target=target)
-    tiles = -(-V // cfg.block_v) * H * p.batch
-    programs = launch.persistent_programs(cfg, tiles, target)
-    assert tiles // programs >= 2, "the programs do not walk several tiles"
-    if fewest_programs:  # (at Kimi-K3 shapes on 132 SMs, H100 and H200, too)
-        assert tiles % programs, "no program steps past the last tile"
-    rows = p.record_rows()
-    state, records = p.state, p.records
-    state64, records64, pending, pending64, plan, plan64 = deferred_buffers(p, rows, device)
-    last = p.batch - 1
-    for rounds in (1, 2):
-        before, before_records = state.clone(), (records.correction.clone(), records.key_gate.clone())
-        if flushing:
-            out, out64 = flush_verify_both(p, (state, records, pending, plan),
-                                           (state64, records64, pending64, plan64), rows, before, rounds)
-        else:
-            out = p.verify(kernels, state, records)
-            out64 = p.verify(ref, state64, records64, acts_dtype=torch.float64)
-            assert same_bits(state, before), "verify wrote the checkpoint"
-        check_window_results(p, out, out64, records, records64, before_records, rounds)
-        if flushing:
-            accepted = random_accepted(p, gen)
-            accepted[last] = T  # the last row defers its whole window: round 2 folds it
-            plan_both(p, plan, plan64, accepted)
-            kernels.kda_recoverssm_defer(plan, p.state_indices, rows, pending)
-            ref.kda_recoverssm_defer(plan64, p.state_indices, rows, pending64)
-            assert int(pending[rows[last]]) == T
-        p.q, p.k, p.v, p.raw_g, p.raw_beta = problem(seed + rounds).activations()
 
 
 def test_defer_rules(device):
