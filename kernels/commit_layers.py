@@ -3,16 +3,13 @@
 Each layer keeps its own buffers (checkpoint pool, records, gate parameters); ``LayerTables``
 holds their addresses in int64 tables built once, so that a commit reads them on the device
 and needs no host work or allocation per call (it can be captured in a CUDA graph). Two
-designs (``kernels.launch.commit_layers_design``) and two variants of the first, to time them:
+designs (``kernels.launch.commit_layers_design``):
 
 - ``one-launch``: the commit token loop (``fold_slot_tile``, the code of
   ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, where one
-  layer's commit would leave SMs idle;
-- ``one-launch-tables-first`` (forced only): the same, each program reading its
-  layer's addresses beside the plan rather than after it, one memory round trip fewer ahead
-  of the state's loads;
-- ``one-launch-boundary-in-loop`` (forced only): the same, a boundary tile stored by the token
-  that reaches it rather than kept in registers to the end (fewer registers a program);
+  layer's commit would leave SMs idle; its tiles (``kernels.launch.commit_layers_config``)
+  are narrower than one layer's, and a boundary tile is stored by the token that reaches
+  it rather than kept in registers to the end;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
   its state.
 """
@@ -31,7 +28,7 @@ from kernels.commit_row import commit_row
 from kernels.commit_token_loop import fold_slot_tile
 from kernels.contract import check_commit_args, check_layer_buffers
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.launch import Target, commit_config, commit_layers_design
+from kernels.launch import Target, commit_layers_config, commit_layers_design
 
 
 @dataclass(frozen=True)
@@ -79,16 +76,14 @@ class LayerTables:
 
 @triton.jit
 def _layer_buffers(state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table,
-                   layer, PINNED: tl.constexpr):
+                   layer):
     """Layer ``layer``'s buffers from the tables: ``(state, key_gate, correction, A_log,
-    dt_bias)`` pointers, typed as ``state_ref``'s and ``key_gate_ref``'s elements and float32.
-    ``PINNED``: the loads are volatile, so the compiler issues them where they are written
-    rather than sinking them into the branch that uses them."""
-    return (tl.load(state_table + layer, volatile=PINNED).to(tl.pointer_type(state_ref.dtype.element_ty)),
-            tl.load(key_gate_table + layer, volatile=PINNED).to(tl.pointer_type(key_gate_ref.dtype.element_ty)),
-            tl.load(correction_table + layer, volatile=PINNED).to(tl.pointer_type(tl.float32)),
-            tl.load(A_log_table + layer, volatile=PINNED).to(tl.pointer_type(tl.float32)),
-            tl.load(dt_bias_table + layer, volatile=PINNED).to(tl.pointer_type(tl.float32)))
+    dt_bias)`` pointers, typed as ``state_ref``'s and ``key_gate_ref``'s elements and float32."""
+    return (tl.load(state_table + layer).to(tl.pointer_type(state_ref.dtype.element_ty)),
+            tl.load(key_gate_table + layer).to(tl.pointer_type(key_gate_ref.dtype.element_ty)),
+            tl.load(correction_table + layer).to(tl.pointer_type(tl.float32)),
+            tl.load(A_log_table + layer).to(tl.pointer_type(tl.float32)),
+            tl.load(dt_bias_table + layer).to(tl.pointer_type(tl.float32)))
 
 
 @triton.jit
@@ -96,30 +91,24 @@ def _commit_layers_token_loop_kernel(
     state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table, lower_bound,
     state_indices_ptr, record_indices_ptr, plan, batch, stride_state_indices, null_slot,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, TABLES_FIRST: tl.constexpr,
-    BOUNDARY_IN_LOOP: tl.constexpr, DEPENDENT: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, layer x row): the commit token loop's program (``fold_slot_tile``)
     on layer ``l``'s buffers, whose addresses it reads from the tables; ``state_ref`` and
     ``key_gate_ref`` (layer 0's) give the element types. Program axis 2 is ``l * batch + b``.
-    The tables are read once the row is known to fold, or with ``TABLES_FIRST`` beside the
-    plan, whatever the row (a layer's entries always exist); ``BOUNDARY_IN_LOOP``: as
-    ``fold_slot_tile`` says."""
+    The tables are read once the row is known to fold; the boundary tile is stored in the
+    token loop (``fold_slot_tile``'s ``BOUNDARY_IN_LOOP``)."""
     pid_v, h, pid_lb = start_tile_head_row(DEPENDENT)
     layer = pid_lb // batch
     b = pid_lb % batch
     tables = (state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table)
-    if TABLES_FIRST:
-        buffers = _layer_buffers(*tables, layer, True)
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
         plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
     if folds:
-        if not TABLES_FIRST:
-            buffers = _layer_buffers(*tables, layer, False)
-        state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr = buffers
+        state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr = _layer_buffers(*tables, layer)
         fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
                        n, source, final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV,
-                       HAS_LOWER_BOUND, BOUNDARY_IN_LOOP)
+                       HAS_LOWER_BOUND, True)
 
 
 def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices, plan: CommitPlan,
@@ -142,14 +131,13 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
                                   state_indices, plan, record_indices)
         return
     L = len(tables.layers)
-    cfg = commit_config(B * L, H, K, V, T, target, design="token-loop")
+    cfg = commit_layers_config(B * L, H, K, V, T, target)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
     _commit_layers_token_loop_kernel[(triton.cdiv(V, cfg.block_v), H, L * B)](
         first.checkpoint_state, first.records.key_gate, tables.state, tables.key_gate, tables.correction,
         tables.A_log, tables.dt_bias, 0.0 if lower_bound is None else float(lower_bound), state_indices,
         record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID, H=H, K=K, V=V, T=T, BK=cfg.block_k,
         BV=cfg.block_v, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        TABLES_FIRST=design == "one-launch-tables-first", BOUNDARY_IN_LOOP=design == "one-launch-boundary-in-loop",
         **dependent_launch(first.checkpoint_state.device),
         num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )
