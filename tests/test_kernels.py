@@ -47,7 +47,10 @@ WIDE = 128 if torch.cuda.is_available() else 64
 
 CONFIGS = [
     # id, H, K, V, T, activation, state, lower_bound, record_indices, large gates
-    pytest.param(2, WIDE, WIDE, 8, torch.float32, torch.float32, -5.0, True, False, id=f"k{WIDE}-T8-fp32-lb"),
+    # (float32 activations at Kimi-K3's head dims compiled only; the interpreter runs them on the
+    # small shapes below)
+    pytest.param(2, WIDE, WIDE, 8, torch.float32, torch.float32, -5.0, True, False, id=f"k{WIDE}-T8-fp32-lb",
+                 marks=pytest.mark.gpu_only),
     pytest.param(2, 32, 32, 4, torch.float32, torch.float32, None, False, True, id="k32-T4-fp32-softplus"),
     pytest.param(2, WIDE, WIDE, 8, torch.bfloat16, torch.float32, -5.0, True, False, id=f"k{WIDE}-T8-bf16-lb"),
     pytest.param(2, 32, 48, 4, torch.bfloat16, torch.bfloat16, None, True, True, id="v48-T4-bf16state"),
