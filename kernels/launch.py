@@ -30,7 +30,7 @@ DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
-    "commit-layers": ("one-launch", "per-layer"),
+    "commit-layers": ("one-launch", "one-launch-narrow", "per-layer"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -311,23 +311,23 @@ def commit_layers_design(batch: int, heads: int, head_v_dim: int, spec_query_len
     return choose_design("commit-layers", _key(batch, heads, head_v_dim, spec_query_len, target))
 
 
-_ONE_LAUNCH_ROWS = 8
-_ONE_LAUNCH_REGISTERS = 120
-"""The one launch's tiles: 8 state rows a one-warp program, 120 registers (no spill at T=4
-or 8), so 17 programs an SM (benchmarks/NOTES.md §7 row 44: 1.08-1.17x the 16-row tiles
-at 168-255 registers, L=24, B=1-8)."""
+_NARROW_ROWS = 8
+_NARROW_REGISTERS = 120
+"""``one-launch-narrow``'s tiles: 8 state rows a one-warp program, 120 registers (no spill at
+T=4 or 8), so 17 programs an SM where the token loop's 16-row tiles at 255 registers keep 8
+(benchmarks/NOTES.md §7 row 44: 1.08-1.17x at L=24, B=1-8, on an H100)."""
 
 
 def commit_layers_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
-                         target: Target = H200) -> CommitConfig:
-    """The one launch of a commit of several layers (``one-launch``) over ``batch`` rows of
-    every layer (layers x rows): the commit token loop's launch on narrow tiles under a
-    register cap; under the interpreter, whose cost is per program, its 32-row tiles."""
+                         design: str, target: Target = H200) -> CommitConfig:
+    """The one launch of a commit of several layers over ``batch`` rows of every layer
+    (layers x rows): the commit token loop's launch (``one-launch``), or for
+    ``one-launch-narrow`` narrower tiles under a register cap; under the interpreter, whose
+    cost is per program, the token loop's tiles."""
     cfg = commit_config(batch, heads, head_k_dim, head_v_dim, spec_query_len, target, design="token-loop")
-    if not target.compiled:
+    if design != "one-launch-narrow" or not target.compiled:
         return cfg
-    return replace(cfg, block_v=min(_ONE_LAUNCH_ROWS, triton.next_power_of_2(head_v_dim)),
-                   max_registers=_ONE_LAUNCH_REGISTERS)
+    return replace(cfg, block_v=min(_NARROW_ROWS, triton.next_power_of_2(head_v_dim)), max_registers=_NARROW_REGISTERS)
 
 
 def _commit_token_rows(key: Key) -> int:
