@@ -55,6 +55,17 @@ def _context_module(name: str, monkeypatch, base=None) -> types.ModuleType:
     return module
 
 
+def _recorded_context(name: str, monkeypatch, path: Path, base=None):
+    """``_context_module(name, monkeypatch, base)`` patched for a ``PatchRecorder`` of every
+    layer into ``path``: (module, recorder)."""
+    from traces.record.patch import PatchRecorder, patch_module
+
+    module = _context_module(name, monkeypatch, base)
+    recorder = PatchRecorder(path, [module.__name__], layers="all")
+    patch_module(module, recorder)
+    return module, recorder
+
+
 @pytest.fixture(scope="module")
 def context_trace(tmp_path_factory) -> Path:
     """The engine with its commit context (dim_first conv state), recorded with --layers all."""
@@ -201,7 +212,6 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
     import kernels
     from kernels.commit_context import KDARecoverSSMCommitContext as Base
     from tests import context_engine
-    from traces.record.patch import PatchRecorder, patch_module
 
     class Deferring(Base):
         def commit(self, num_accepted_tokens, state_indices, query_start_loc, request_indices=None, **kwargs):
@@ -211,9 +221,7 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
                                               kernels.NULL_BLOCK_ID, state_indices.stride(0))
             return super().commit(num_accepted_tokens, state_indices, query_start_loc, request_indices, **kwargs)
 
-    module = _context_module("deferring_engine", monkeypatch, Deferring)
-    recorder = PatchRecorder(tmp_path / "t.safetensors", [module.__name__], layers="all")
-    patch_module(module, recorder)
+    module, recorder = _recorded_context("deferring_engine", monkeypatch, tmp_path / "t.safetensors", Deferring)
     context_engine.main(2, True, module.__name__, True)
     assert recorder.stopped == ("_defer_commit_kernel launched inside KDARecoverSSMCommitContext.commit: the "
                                 "commit_layers event of trace format v2 holds no defer or flush plan")
@@ -230,11 +238,8 @@ def test_an_align_mode_commit_is_recorded_with_its_block_table(tmp_path, capfd, 
     are writes of every layer."""
     import kernels
     from tests import context_engine
-    from traces.record.patch import PatchRecorder, patch_module
 
-    module = _context_module("align_engine", monkeypatch)
-    recorder = PatchRecorder(tmp_path / "align.safetensors", [module.__name__], layers="all")
-    patch_module(module, recorder)
+    module, recorder = _recorded_context("align_engine", monkeypatch, tmp_path / "align.safetensors")
     monkeypatch.setattr(context_engine, "DEVICE", device)
     g = torch.Generator().manual_seed(1)
     layers = [context_engine.new_layer(kernels, g, True) for _ in range(3)]
@@ -271,11 +276,8 @@ def test_a_context_commit_inside_a_capture_is_passed_through(tmp_path, monkeypat
     import traces.record.commit_context as context_recording
     import traces.record.patch as patching
     from tests import context_engine
-    from traces.record.patch import PatchRecorder, patch_module
 
-    module = _context_module("captured_engine", monkeypatch)
-    recorder = PatchRecorder(tmp_path / "t.safetensors", [module.__name__], layers="all")
-    patch_module(module, recorder)
+    module, recorder = _recorded_context("captured_engine", monkeypatch, tmp_path / "t.safetensors")
     for where in (context_recording, patching):
         monkeypatch.setattr(where, "capturing", lambda: True)
     context_engine.main(2, True, module.__name__, True)
@@ -289,15 +291,12 @@ def test_a_context_the_recorder_cannot_read_ends_the_recording_and_runs(tmp_path
     import kernels
     from kernels.commit_context import KDARecoverSSMCommitContext as Base
     from tests import context_engine
-    from traces.record.patch import PatchRecorder, patch_module
 
     class Renamed(Base):
         def commit(self, accepted, slots, starts, request_indices=None):
             return super().commit(accepted, slots, starts, request_indices)
 
-    module = _context_module("renamed_engine", monkeypatch, Renamed)
-    recorder = PatchRecorder(tmp_path / "renamed.safetensors", [module.__name__], layers="all")
-    patch_module(module, recorder)
+    module, recorder = _recorded_context("renamed_engine", monkeypatch, tmp_path / "renamed.safetensors", Renamed)
     context_engine.main(1, True, module.__name__, True)
     assert recorder.stopped == ("KDARecoverSSMCommitContext.commit: no num_accepted_tokens, state_indices, "
                                 "query_start_loc among its arguments (kda's names)")
@@ -311,9 +310,7 @@ def test_a_context_the_recorder_cannot_read_ends_the_recording_and_runs(tmp_path
             context.plan = kernels.CommitPlan.allocate(max_num_reqs, "cpu")
             return context
 
-    module = _context_module("unchecked_engine", monkeypatch, Unchecked)
-    recorder = PatchRecorder(tmp_path / "unchecked.safetensors", [module.__name__], layers="all")
-    patch_module(module, recorder)
+    module, recorder = _recorded_context("unchecked_engine", monkeypatch, tmp_path / "unchecked.safetensors", Unchecked)
     g = torch.Generator().manual_seed(0)
     layers = [context_engine.new_layer(kernels, g, True) for _ in range(2)]
     layers[1].A_log = torch.zeros(3)
