@@ -6,11 +6,9 @@ and needs no host work or allocation per call (it can be captured in a CUDA grap
 designs (``kernels.launch.commit_layers_design``):
 
 - ``one-launch``: the commit token loop (``fold_slot_tile``, the code of
-  ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, where one
-  layer's commit would leave SMs idle;
-- ``one-launch-narrow`` (forced only, until its GPU tests have run): the same on narrower
-  tiles under a register cap (``kernels.launch.commit_layers_config``), a boundary tile
-  stored by the token that reaches it rather than kept in registers to the end;
+  ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, on 8-row
+  tiles under a register cap (``kernels.launch.commit_layers_config``), where one layer's
+  commit would leave SMs idle;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
   its state.
 """
@@ -92,14 +90,14 @@ def _commit_layers_token_loop_kernel(
     state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table, lower_bound,
     state_indices_ptr, record_indices_ptr, plan, batch, stride_state_indices, null_slot,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, BOUNDARY_IN_LOOP: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, layer x row): the commit token loop's program (``fold_slot_tile``)
     on layer ``l``'s buffers, whose addresses it reads from the tables; ``state_ref`` and
     ``key_gate_ref`` (layer 0's) give the element types. Program axis 2 is ``l * batch + b``.
-    The tables are read once the row is known to fold; ``BOUNDARY_IN_LOOP``: as
-    ``fold_slot_tile`` says."""
+    The tables are read once the row is known to fold; an align row's boundary tile is stored
+    by the token that reaches it (fewer registers a program than holding it to the end)."""
     pid_v, h, pid_lb = start_tile_head_row(DEPENDENT)
     layer = pid_lb // batch
     b = pid_lb % batch
@@ -110,7 +108,7 @@ def _commit_layers_token_loop_kernel(
         state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr = _layer_buffers(*tables, layer)
         fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
                        n, source, final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV,
-                       HAS_LOWER_BOUND, BOUNDARY_IN_LOOP)
+                       HAS_LOWER_BOUND, True)
 
 
 def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices, plan: CommitPlan,
@@ -133,14 +131,13 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
                                   state_indices, plan, record_indices)
         return
     L = len(tables.layers)
-    cfg = commit_layers_config(B * L, H, K, V, T, design, target)
+    cfg = commit_layers_config(B * L, H, K, V, T, target)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
     _commit_layers_token_loop_kernel[(triton.cdiv(V, cfg.block_v), H, L * B)](
         first.checkpoint_state, first.records.key_gate, tables.state, tables.key_gate, tables.correction,
         tables.A_log, tables.dt_bias, 0.0 if lower_bound is None else float(lower_bound), state_indices,
         record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID, H=H, K=K, V=V, T=T, BK=cfg.block_k,
         BV=cfg.block_v, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        BOUNDARY_IN_LOOP=design == "one-launch-narrow",
         **dependent_launch(first.checkpoint_state.device),
         num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )

@@ -30,7 +30,7 @@ DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
-    "commit-layers": ("one-launch", "one-launch-narrow", "per-layer"),
+    "commit-layers": ("one-launch", "per-layer"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -122,6 +122,8 @@ _COMMIT_RULES = (
 _COMMIT_LAYERS_RULES = (
     Rule("one-launch", lambda key: _commit_token_loop_holds(key),
          "one layer's commit is a token loop that leaves SMs idle: every layer's tiles in one launch fill them"),
+    Rule("one-launch", lambda key: key.T <= 4 and key.pairs * key.T ** 2 <= 12288,
+         "short windows to twice the token loop's pairs: 8-row tiles of every layer still beat a launch a layer"),
     Rule("per-layer", _always, "one layer's commit already streams the state: a launch a layer, each its own design"),
 )
 
@@ -311,23 +313,22 @@ def commit_layers_design(batch: int, heads: int, head_v_dim: int, spec_query_len
     return choose_design("commit-layers", _key(batch, heads, head_v_dim, spec_query_len, target))
 
 
-_NARROW_ROWS = 8
-_NARROW_REGISTERS = 120
-"""``one-launch-narrow``'s tiles: 8 state rows a one-warp program, 120 registers (no spill at
-T=4 or 8), so 17 programs an SM where the token loop's 16-row tiles at 255 registers keep 8
-(benchmarks/NOTES.md §7 row 44: 1.08-1.17x at L=24, B=1-8, on an H100)."""
+_LAYERS_ROWS = 8
+_LAYERS_REGISTERS = 120
+"""``one-launch``'s tiles: 8 state rows a one-warp program, 120 registers (no spill at T=4 or
+8), so 17 programs an SM where the token loop's 16-row tiles at 255 registers keep 8
+(benchmarks/NOTES.md §7 rows 44 and 48: 1.10-1.22x at L=24, B=1-8 on an H100)."""
 
 
 def commit_layers_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
-                         design: str, target: Target = H200) -> CommitConfig:
+                         target: Target = H200) -> CommitConfig:
     """The one launch of a commit of several layers over ``batch`` rows of every layer
-    (layers x rows): the commit token loop's launch (``one-launch``), or for
-    ``one-launch-narrow`` narrower tiles under a register cap; under the interpreter, whose
-    cost is per program, the token loop's tiles."""
+    (layers x rows): the commit token loop's launch on 8-row tiles under a register cap;
+    under the interpreter, whose cost is per program, the token loop's own tiles."""
     cfg = commit_config(batch, heads, head_k_dim, head_v_dim, spec_query_len, target, design="token-loop")
-    if design != "one-launch-narrow" or not target.compiled:
+    if not target.compiled:
         return cfg
-    return replace(cfg, block_v=min(_NARROW_ROWS, triton.next_power_of_2(head_v_dim)), max_registers=_NARROW_REGISTERS)
+    return replace(cfg, block_v=min(_LAYERS_ROWS, triton.next_power_of_2(head_v_dim)), max_registers=_LAYERS_REGISTERS)
 
 
 def _commit_token_rows(key: Key) -> int:

@@ -242,10 +242,11 @@ def test_a_commit_captured_in_a_cuda_graph_replays_it(device, monkeypatch, desig
 
 
 def test_one_launch_until_a_layer_streams():
-    """The one launch runs where one layer's commit is a token loop, per-layer launches after."""
+    """The one launch runs where one layer's commit is a token loop, and at T <= 4 to twice its
+    pairs; per-layer launches after."""
     design = kernels.launch.commit_layers_design
     assert [design(b, 12, 128, 8) for b in (1, 8, 9, 256)] == ["one-launch", "one-launch", "per-layer", "per-layer"]
-    assert [design(b, 12, 128, 4) for b in (32, 33)] == ["one-launch", "per-layer"]
+    assert [design(b, 12, 128, 4) for b in (32, 64, 65)] == ["one-launch", "one-launch", "per-layer"]
 
 
 def _context(device, L=2, **changes):
