@@ -317,7 +317,7 @@ _LAYERS_ROWS = 8
 _LAYERS_REGISTERS = 120
 """``one-launch``'s tiles: 8 state rows a one-warp program, 120 registers (no spill at T=4 or
 8), so 17 programs an SM where the token loop's 16-row tiles at 255 registers keep 8
-(benchmarks/NOTES.md §7 rows 44 and 48: 1.10-1.22x at L=24, B=1-8 on an H100)."""
+(benchmarks/NOTES.md §7 rows 44 and 48: 1.10-1.17x at L=24, B=1-8 on an H100)."""
 
 
 def commit_layers_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,
