@@ -5,7 +5,8 @@ layer (docs/design.md §10).
 buffers and builds the device tables and the plan buffers. ``commit`` then runs three
 launches, none allocating or synchronising (a step can be captured in a CUDA graph): the
 plan (accepted counts read through ``request_indices``; align mode with boundary states),
-the conv-state compaction of every layer, and the state commit of every layer. A layer's
+the conv-state compaction of every layer, and the state commit of every layer (the last
+two in one launch under the ``conv-in-commit`` design). A layer's
 records are kept per state slot, as the engine's verify writes them: row ``b`` folds the
 records of its source slot.
 """
@@ -17,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from kernels.buffers import CommitPlan, KDARecoverSSMRecords
-from kernels.commit_layers import LayerBuffers, LayerTables, kda_recoverssm_commit_layers
+from kernels.commit_layers import LayerBuffers, LayerTables, commit_layers_and_conv
 from kernels.contract import check_commit_context_args, check_context_layers
-from kernels.conv_compaction import ConvTables, compact_conv_states
+from kernels.conv_compaction import ConvTables
 from kernels.plan import plan_per_request
 
 
@@ -98,5 +99,4 @@ class KDARecoverSSMCommitContext:
         B = state_indices.shape[0]
         plan = plan_per_request(self.plan, num_accepted_tokens, query_start_loc, state_indices, self.spec_query_len,
                                 requests, self.slot_rows, block_table, num_computed_tokens, mamba_block_size)
-        compact_conv_states(self.conv, state_indices, plan)
-        kda_recoverssm_commit_layers(self.tables, self.lower_bound, state_indices, plan, self.slot_rows[:B])
+        commit_layers_and_conv(self.tables, self.conv, self.lower_bound, state_indices, plan, self.slot_rows[:B])

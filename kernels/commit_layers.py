@@ -1,16 +1,22 @@
 """Commit of several layers: one plan folded into every layer's checkpoint (docs/design.md §10).
 
 Each layer keeps its own buffers (checkpoint pool, records, gate parameters); ``LayerTables``
-holds their addresses in int64 tables built once, so that a commit reads them on the device
-and needs no host work or allocation per call (it can be captured in a CUDA graph). Two
-designs (``kernels.launch.commit_layers_design``):
+holds their offsets from layer 0's in int64 tables built once, so that a commit reads them on
+the device and needs no host work or allocation per call (it can be captured in a CUDA
+graph). Designs (``kernels.launch.commit_layers_design``):
 
 - ``one-launch``: the commit token loop (``fold_slot_tile``, the code of
   ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, on 8-row
   tiles under a register cap (``kernels.launch.commit_layers_config``), where one layer's
   commit would leave SMs idle;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
-  its state.
+  its state;
+- ``prepared-keys`` (forced only): ``one-launch`` behind a launch that builds each token's
+  key and decay once per (layer, row, head), which every V-tile then loads.
+
+A commit context's conv compaction runs in a launch of its own ahead of the state commit, or
+(``commit-context`` design ``conv-in-commit``, forced only) as one more V-tile column of the
+one launch.
 """
 
 from __future__ import annotations
@@ -26,8 +32,13 @@ from kernels.commit import kda_recoverssm_commit
 from kernels.commit_row import commit_row
 from kernels.commit_token_loop import fold_slot_tile
 from kernels.contract import check_commit_args, check_layer_buffers
+from kernels.conv_compaction import ConvTables, compact_conv_channels, compact_conv_states
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.launch import Target, commit_layers_config, commit_layers_design
+from kernels.fold import store_prepared_tokens
+from kernels.launch import Target, commit_context_design, commit_layers_config, commit_layers_design
+from kernels.triton_math import head_decay_rate
+
+_CONV_CHUNK = 128  # conv channels a step of a one-warp program: [128, 4] windows, 16 entries a lane
 
 
 @dataclass(frozen=True)
@@ -43,8 +54,11 @@ class LayerBuffers:
 
 @dataclass(frozen=True)
 class LayerTables:
-    """The layers and, per buffer kind, an int64 ``[L]`` table of each layer's ``data_ptr``
-    (on the layers' device). Build once (``of``); valid while the layers' tensors live."""
+    """The layers and, per buffer kind, an int64 ``[L]`` table of each layer's buffer as an
+    offset in elements from layer 0's (on the layers' device), so that a kernel addresses
+    every layer from layer 0's tensor and keeps its alignment. ``aligned``: every buffer
+    starts on a 16-byte boundary (the kernels' loads are then vectorised). Build once
+    (``of``); valid while the layers' tensors live."""
 
     layers: tuple[LayerBuffers, ...]
     state: torch.Tensor
@@ -52,6 +66,7 @@ class LayerTables:
     correction: torch.Tensor
     A_log: torch.Tensor
     dt_bias: torch.Tensor
+    aligned: bool
 
     @classmethod
     def of(cls, layers) -> "LayerTables":
@@ -60,13 +75,16 @@ class LayerTables:
         layers = tuple(layers)
         check_layer_buffers(layers)
         device = layers[0].checkpoint_state.device
+        kinds = [[x.checkpoint_state for x in layers], [x.records.key_gate for x in layers],
+                 [x.records.correction for x in layers], [x.A_log for x in layers], [x.dt_bias for x in layers]]
 
         def table(tensors) -> torch.Tensor:
-            return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+            first = tensors[0].data_ptr()
+            return torch.tensor([(t.data_ptr() - first) // t.element_size() for t in tensors], dtype=torch.int64,
+                                device=device)
 
-        return cls(layers, table(x.checkpoint_state for x in layers), table(x.records.key_gate for x in layers),
-                   table(x.records.correction for x in layers), table(x.A_log for x in layers),
-                   table(x.dt_bias for x in layers))
+        aligned = all(t.data_ptr() % 16 == 0 for tensors in kinds for t in tensors)
+        return cls(layers, *(table(tensors) for tensors in kinds), aligned)
 
     @property
     def first(self) -> LayerBuffers:
@@ -74,41 +92,99 @@ class LayerTables:
 
 
 @triton.jit
-def _layer_buffers(state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table,
-                   layer):
-    """Layer ``layer``'s buffers from the tables: ``(state, key_gate, correction, A_log,
-    dt_bias)`` pointers, typed as ``state_ref``'s and ``key_gate_ref``'s elements and float32."""
-    return (tl.load(state_table + layer).to(tl.pointer_type(state_ref.dtype.element_ty)),
-            tl.load(key_gate_table + layer).to(tl.pointer_type(key_gate_ref.dtype.element_ty)),
-            tl.load(correction_table + layer).to(tl.pointer_type(tl.float32)),
-            tl.load(A_log_table + layer).to(tl.pointer_type(tl.float32)),
-            tl.load(dt_bias_table + layer).to(tl.pointer_type(tl.float32)))
+def _layer_buffer(first, offsets, layer, ALIGNED: tl.constexpr):
+    """Layer ``layer``'s buffer: ``first`` (layer 0's) moved by its offset in ``offsets``;
+    with ``ALIGNED`` known to start on 16 bytes, as ``first`` is."""
+    offset = tl.load(offsets + layer)
+    if ALIGNED:
+        offset = tl.multiple_of(offset, 16 // (first.dtype.element_ty.primitive_bitwidth // 8))
+    return first + offset
+
+
+@triton.jit
+def _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr,
+                    record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, batch, prepared,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+                    ALIGNED: tl.constexpr, PREPARED: tl.constexpr):
+    """The commit token loop's program (``fold_slot_tile``) of V-tile ``pid_v``, head ``h``
+    and row ``b`` on layer ``layer``'s buffers, its offsets read once the row is known to
+    fold; an align row's boundary tile is stored by the token that reaches it (fewer
+    registers a program than holding it to the end). With ``PREPARED`` the tokens' keys and
+    decays come from ``prepared`` (``_prepare_layer_tokens_kernel``)."""
+    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
+    if folds:
+        if PREPARED:
+            prepared = _prepared_row(prepared, layer, b, h, batch, H, K, T)
+        fold_slot_tile(_layer_buffer(*states, layer, ALIGNED), _layer_buffer(*key_gates, layer, ALIGNED),
+                       _layer_buffer(*corrections, layer, ALIGNED), _layer_buffer(*A_logs, layer, False),
+                       _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, n, source, final,
+                       has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True,
+                       prepared, PREPARED)
+
+
+@triton.jit
+def _prepared_row(prepared, layer, b, h, batch, H: tl.constexpr, K: tl.constexpr, T: tl.constexpr):
+    """Token 0's ``[2, K]`` entry of (layer, row, head) in ``prepared [L, batch, H, T, 2, K]``."""
+    return prepared + ((layer * batch + b).to(tl.int64) * H + h) * (T * 2 * K)
+
+
+@triton.jit
+def _prepare_layer_tokens_kernel(
+    key_gates, A_logs, dt_biases, lower_bound, state_indices_ptr, record_indices_ptr, plan, batch,
+    stride_state_indices, null_slot, prepared, H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
+    BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, ALIGNED: tl.constexpr,
+    DEPENDENT: tl.constexpr,
+):
+    """Per (head, layer x row) of a row that folds: its tokens' keys and decays
+    (``store_prepared_tokens``) into ``prepared``, once for every V-tile of the commit."""
+    _, h, pid_lb = start_tile_head_row(DEPENDENT)
+    layer = pid_lb // batch
+    b = pid_lb % batch
+    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
+        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
+    if folds:
+        dt_bias = tl.load(_layer_buffer(*dt_biases, layer, ALIGNED) + h * K + tl.arange(0, BK),
+                          mask=tl.arange(0, BK) < K, other=0.0)
+        row = _prepared_row(prepared, layer, b, h, batch, H, K, T)
+        store_prepared_tokens(_layer_buffer(*key_gates, layer, ALIGNED), (rec * H + h) * T, n,
+                              row + tl.arange(0, BT)[:, None] * (2 * K), dt_bias,
+                              head_decay_rate(_layer_buffer(*A_logs, layer, False), h), lower_bound, K, BK, BT,
+                              HAS_LOWER_BOUND)
 
 
 @triton.jit
 def _commit_layers_token_loop_kernel(
-    state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table, lower_bound,
-    state_indices_ptr, record_indices_ptr, plan, batch, stride_state_indices, null_slot,
+    states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr, record_indices_ptr, plan, batch,
+    stride_state_indices, null_slot, conv, conv_channels, conv_dim, conv_history, prepared,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
+    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, ALIGNED: tl.constexpr, HAS_CONV: tl.constexpr,
+    CONV_BLOCK: tl.constexpr, CONV_HISTORY: tl.constexpr, CONV_CHUNKS: tl.constexpr, PREPARED: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
-    """Per (V-tile, head, layer x row): the commit token loop's program (``fold_slot_tile``)
-    on layer ``l``'s buffers, whose addresses it reads from the tables; ``state_ref`` and
-    ``key_gate_ref`` (layer 0's) give the element types. Program axis 2 is ``l * batch + b``.
-    The tables are read once the row is known to fold; an align row's boundary tile is stored
-    by the token that reaches it (fewer registers a program than holding it to the end)."""
+    """Per (V-tile, head, layer x row): ``_fold_layer_row``. Each of ``states`` ...
+    ``dt_biases`` is a pair (layer 0's tensor, ``LayerTables`` offsets); program axis 2 is
+    ``l * batch + b``. With ``HAS_CONV`` one more V-tile column compacts the conv states:
+    its program of head ``h`` copies channels ``h * conv_channels`` on
+    (``compact_conv_channels``; ``conv``: the ``ConvTables`` tensors, layer 0's first)."""
     pid_v, h, pid_lb = start_tile_head_row(DEPENDENT)
     layer = pid_lb // batch
     b = pid_lb % batch
-    tables = (state_ref, key_gate_ref, state_table, key_gate_table, correction_table, A_log_table, dt_bias_table)
-    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
-        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
-    if folds:
-        state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr = _layer_buffers(*tables, layer)
-        fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
-                       n, source, final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV,
-                       HAS_LOWER_BOUND, True)
+    if HAS_CONV:
+        if pid_v == tl.cdiv(V, BV):
+            first_channel = h * conv_channels
+            compact_conv_channels(*conv, state_indices_ptr, plan, stride_state_indices, b, layer, first_channel,
+                                  tl.minimum(first_channel + conv_channels, conv_dim), conv_history, null_slot,
+                                  CONV_BLOCK, CONV_HISTORY, CONV_CHUNKS)
+        else:
+            _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr,
+                            record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, batch,
+                            prepared, H, K, V, T, BK, BV, HAS_LOWER_BOUND, HAS_RECORD_INDICES, ALIGNED, PREPARED)
+    else:
+        _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr,
+                        record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, batch,
+                        prepared, H, K, V, T, BK, BV, HAS_LOWER_BOUND, HAS_RECORD_INDICES, ALIGNED, PREPARED)
 
 
 def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices, plan: CommitPlan,
@@ -117,6 +193,14 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
     ``lower_bound`` and the same ``state_indices`` / ``record_indices`` (int32 ``[B]``):
     rows fold ``plan.commit_lens[b]`` records of their record row into each layer's final
     (and boundary) slot."""
+    commit_layers_and_conv(tables, None, lower_bound, state_indices, plan, record_indices)
+
+
+def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_bound, state_indices, plan: CommitPlan,
+                           record_indices=None) -> None:
+    """``kda_recoverssm_commit_layers``, and with ``conv`` the conv compaction of the same rows
+    (``compact_conv_states``): inside the one launch where ``commit-context`` runs
+    ``conv-in-commit``, else a launch ahead of the commit."""
     first = tables.first
     B, H, K, V = check_commit_args(first.checkpoint_state, first.records, first.A_log, first.dt_bias, state_indices,
                                    plan, record_indices)
@@ -125,6 +209,9 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
     T = first.records.spec_query_len
     target = Target.of(first.checkpoint_state.device)
     design = commit_layers_design(B, H, V, T, target)
+    with_conv = conv is not None and design != "per-layer" and commit_context_design() == "conv-in-commit"
+    if conv is not None and not with_conv:
+        compact_conv_states(conv, state_indices, plan)
     if design == "per-layer":
         for layer in tables.layers:
             kda_recoverssm_commit(layer.checkpoint_state, layer.records, layer.A_log, layer.dt_bias, lower_bound,
@@ -133,11 +220,27 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
     L = len(tables.layers)
     cfg = commit_layers_config(B * L, H, K, V, T, target)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
-    _commit_layers_token_loop_kernel[(triton.cdiv(V, cfg.block_v), H, L * B)](
-        first.checkpoint_state, first.records.key_gate, tables.state, tables.key_gate, tables.correction,
-        tables.A_log, tables.dt_bias, 0.0 if lower_bound is None else float(lower_bound), state_indices,
-        record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID, H=H, K=K, V=V, T=T, BK=cfg.block_k,
-        BV=cfg.block_v, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        **dependent_launch(first.checkpoint_state.device),
-        num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
+    buffers = ((first.records.key_gate, tables.key_gate), (first.A_log, tables.A_log), (first.dt_bias, tables.dt_bias))
+    lower = 0.0 if lower_bound is None else float(lower_bound)
+    options = dict(HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
+                   ALIGNED=tables.aligned, **dependent_launch(first.checkpoint_state.device))
+    prepared = None
+    if design == "prepared-keys":
+        prepared = torch.empty(L, B, H, T, 2, K, dtype=torch.float32, device=first.checkpoint_state.device)
+        _prepare_layer_tokens_kernel[(1, H, L * B)](
+            *buffers, lower, state_indices, record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID,
+            prepared, H=H, K=K, T=T, BK=cfg.block_k, BT=triton.next_power_of_2(T), **options, num_warps=1)
+    conv_args, conv_channels, conv_block, conv_chunks = None, 0, 1, 1
+    if with_conv:
+        conv_args = (conv.states[0], conv.address, conv.slot_stride, conv.dim_stride, conv.token_stride)
+        conv_channels = triton.cdiv(conv.dim, H)
+        conv_block = min(_CONV_CHUNK, triton.next_power_of_2(conv_channels))
+        conv_chunks = triton.cdiv(conv_channels, conv_block)
+    _commit_layers_token_loop_kernel[(triton.cdiv(V, cfg.block_v) + with_conv, H, L * B)](
+        (first.checkpoint_state, tables.state), buffers[0], (first.records.correction, tables.correction),
+        *buffers[1:], lower, state_indices, record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID,
+        conv_args, conv_channels, conv.dim if with_conv else 0, conv.history if with_conv else 0, prepared, H=H, K=K,
+        V=V, T=T, BK=cfg.block_k, BV=cfg.block_v, HAS_CONV=with_conv, CONV_BLOCK=conv_block,
+        CONV_HISTORY=triton.next_power_of_2(conv.history) if with_conv else 1, CONV_CHUNKS=conv_chunks,
+        PREPARED=prepared is not None, **options, num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )

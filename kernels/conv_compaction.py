@@ -56,20 +56,15 @@ class ConvTables:
 
 
 @triton.jit
-def _compact_conv_states_kernel(
-    conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table, state_indices_ptr, plan,
-    stride_state_indices, dim, history, null_slot, BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr,
-    DEPENDENT: tl.constexpr,
-):
-    """Per (block of channels, row, layer): a row that commits (``commit_lens > 0``, real
-    source and final slots) copies its source's entries ``n - 1 + j`` to the final slot's
-    ``j``, and ``R - 1 + j`` to a real boundary slot's ``j``, ``j < history``. Every load
-    precedes every store (the source may be either destination)."""
-    await_prior_grid(DEPENDENT)
-    release_next_grid(DEPENDENT)
-    pid_d = tl.program_id(0)
-    b = tl.program_id(1)
-    layer = tl.program_id(2)
+def compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table,
+                          state_indices_ptr, plan, stride_state_indices, b, layer, first_channel, end_channel, history,
+                          null_slot, BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr, CHUNKS: tl.constexpr):
+    """Row ``b``'s compaction on layer ``layer``, channels ``first_channel`` up to
+    ``end_channel`` in ``CHUNKS`` chunks of ``BLOCK_DIM``: a row that commits
+    (``commit_lens > 0``, real source and final slots) copies its source's entries
+    ``n - 1 + j`` to the final slot's ``j``, and ``R - 1 + j`` to a real boundary slot's ``j``,
+    ``j < history``. In each chunk every load precedes every store (the source may be either
+    destination)."""
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
     source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
     n = tl.load(commit_lens_ptr + b)
@@ -80,19 +75,37 @@ def _compact_conv_states_kernel(
         has_boundary = (boundary > null_slot) & (recovery > 0) & (recovery <= n)
         base = tl.load(address_table + layer).to(tl.pointer_type(conv_ref.dtype.element_ty))
         slot_stride = tl.load(slot_stride_table + layer)
+        dim_stride = tl.load(dim_stride_table + layer)
         token_stride = tl.load(token_stride_table + layer)
-        offs_d = pid_d * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
         offs_j = tl.arange(0, BLOCK_HISTORY)
-        mask = (offs_d < dim)[:, None] & (offs_j < history)[None, :]
-        channels = base + offs_d[:, None].to(tl.int64) * tl.load(dim_stride_table + layer)
-        source_rows = channels + source * slot_stride
-        final_window = tl.load(source_rows + (n - 1 + offs_j)[None, :] * token_stride, mask=mask)
-        boundary_mask = mask & has_boundary
-        boundary_window = tl.load(source_rows + (recovery - 1 + offs_j)[None, :] * token_stride, mask=boundary_mask)
-        tl.debug_barrier()
-        tl.store(channels + boundary * slot_stride + offs_j[None, :] * token_stride, boundary_window,
-                 mask=boundary_mask)
-        tl.store(channels + final * slot_stride + offs_j[None, :] * token_stride, final_window, mask=mask)
+        for c in tl.static_range(CHUNKS):
+            offs_d = first_channel + c * BLOCK_DIM + tl.arange(0, BLOCK_DIM)
+            mask = (offs_d < end_channel)[:, None] & (offs_j < history)[None, :]
+            channels = base + offs_d[:, None].to(tl.int64) * dim_stride
+            source_rows = channels + source * slot_stride
+            final_window = tl.load(source_rows + (n - 1 + offs_j)[None, :] * token_stride, mask=mask)
+            boundary_mask = mask & has_boundary
+            boundary_window = tl.load(source_rows + (recovery - 1 + offs_j)[None, :] * token_stride,
+                                      mask=boundary_mask)
+            tl.debug_barrier()
+            tl.store(channels + boundary * slot_stride + offs_j[None, :] * token_stride, boundary_window,
+                     mask=boundary_mask)
+            tl.store(channels + final * slot_stride + offs_j[None, :] * token_stride, final_window, mask=mask)
+
+
+@triton.jit
+def _compact_conv_states_kernel(
+    conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table, state_indices_ptr, plan,
+    stride_state_indices, dim, history, null_slot, BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr,
+    DEPENDENT: tl.constexpr,
+):
+    """Per (block of channels, row, layer): ``compact_conv_channels`` of the block."""
+    await_prior_grid(DEPENDENT)
+    release_next_grid(DEPENDENT)
+    pid_d = tl.program_id(0)
+    compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table,
+                          state_indices_ptr, plan, stride_state_indices, tl.program_id(1), tl.program_id(2),
+                          pid_d * BLOCK_DIM, dim, history, null_slot, BLOCK_DIM, BLOCK_HISTORY, 1)
 
 
 def compact_conv_states(tables: ConvTables, state_indices, plan: CommitPlan) -> None:

@@ -30,7 +30,8 @@ DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
-    "commit-layers": ("one-launch", "per-layer"),
+    "commit-layers": ("one-launch", "per-layer", "prepared-keys"),
+    "commit-context": ("conv-apart", "conv-in-commit"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -126,6 +127,8 @@ _COMMIT_LAYERS_RULES = (
          "short windows to twice the token loop's pairs: 8-row tiles of every layer still beat a launch a layer"),
     Rule("per-layer", _always, "one layer's commit already streams the state: a launch a layer, each its own design"),
 )
+"""``prepared-keys`` (every token's key and decay built once per (layer, row, head) by a launch
+ahead of ``one-launch``'s, whose programs then only load them) is forced only until measured."""
 
 
 def _commit_token_loop_holds(key: Key) -> bool:
@@ -138,8 +141,14 @@ def _verify_state_rows(key: Key) -> int:
     return max(_DOT_MIN, min(64, triton.next_power_of_2(key.V)))
 
 
+_COMMIT_CONTEXT_RULES = (
+    Rule("conv-apart", _always, "the conv compaction in a launch of its own ahead of the state commit"),
+)
+"""``conv-in-commit`` (the conv windows as one more V-tile column of the one launch, a launch
+fewer in the chain) is forced only until measured."""
+
 _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES,
-          "commit-layers": _COMMIT_LAYERS_RULES}
+          "commit-layers": _COMMIT_LAYERS_RULES, "commit-context": _COMMIT_CONTEXT_RULES}
 
 
 def forced_designs() -> dict[str, str]:
@@ -311,6 +320,12 @@ def commit_layers_design(batch: int, heads: int, head_v_dim: int, spec_query_len
     """How a commit of several layers runs (``DESIGNS["commit-layers"]``), from one layer's
     shape: the whole choice is whether a single layer would run the token loop."""
     return choose_design("commit-layers", _key(batch, heads, head_v_dim, spec_query_len, target))
+
+
+def commit_context_design() -> str:
+    """Where a commit context compacts the conv states (``DESIGNS["commit-context"]``) when
+    its state commit is ``one-launch``."""
+    return choose_design("commit-context", None)
 
 
 _LAYERS_ROWS = 8

@@ -60,18 +60,27 @@ def _layer(kv, A_log, dt_bias, H, K, lower_bound) -> CommitLayer:
     return CommitLayer(tuple(kv), A_log, dt_bias, H, K, lower_bound)
 
 
-def make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed) -> Model:
+def _nan_buffer(device, shape, dtype=torch.float32, misaligned: bool = False) -> torch.Tensor:
+    """A NaN-filled tensor, or with ``misaligned`` a view one element into its storage (off a
+    16-byte boundary)."""
+    if not misaligned:
+        return torch.full(shape, NAN, dtype=dtype, device=device)
+    return torch.full((1 + torch.Size(shape).numel(),), NAN, dtype=dtype, device=device)[1:].view(shape)
+
+
+def make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed,
+               misaligned: bool = False) -> Model:
     gen = torch.Generator().manual_seed(seed)
     S = history + T - 1
     layers, layers64 = [], []
     for _ in range(L):
-        state = torch.full((N, H, V, K), NAN, dtype=state_dtype)
-        correction = torch.full((N, H, T, V), NAN)
-        key_gate = torch.full((N, H, T, 2 * K), NAN, dtype=torch.bfloat16)
+        state = _nan_buffer(device, (N, H, V, K), state_dtype, misaligned)
+        correction = _nan_buffer(device, (N, H, T, V), misaligned=misaligned)
+        key_gate = _nan_buffer(device, (N, H, T, 2 * K), torch.bfloat16, misaligned)
         conv = torch.full((N, dim, S) if conv_dim_first else (N, S, dim), NAN, dtype=torch.bfloat16)
         A_log = torch.rand(H, generator=gen).log().to(device)
         dt_bias = (torch.randn(H * K, generator=gen) * 0.5).to(device)
-        kv = [t.to(device) for t in (conv, state, correction, key_gate)]
+        kv = [conv.to(device), state, correction, key_gate]
         kv64 = [kv[0].clone(), kv[1].double(), kv[2].double(), kv[3].double()]
         layers.append(_layer(kv, A_log, dt_bias, H, K, lower_bound))
         layers64.append(_layer(kv64, A_log, dt_bias, H, K, lower_bound))
@@ -192,13 +201,15 @@ def slot_layout(rng: random.Random, T: int, align: bool) -> tuple[int, int, list
 
 
 def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lower_bound, dim=24, history=3,
-                   capture=False):
+                   capture=False, misaligned=False):
     seed = fresh_seed()
     rng = random.Random(seed)
     B, N, slots, align_slots = slot_layout(rng, T, align)
-    model = make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed)
+    model = make_model(device, L, N, H, K, V, T, dim, history, state_dtype, conv_dim_first, lower_bound, seed,
+                       misaligned)
     ctx = KDARecoverSSMCommitContext.create(model.layers, spec_query_len=T, max_num_reqs=B + 1,
                                             conv_dim_first=conv_dim_first)
+    assert ctx.tables.aligned is not misaligned
     ref_ctx = ReferenceCommitContext.create(model.layers64, spec_query_len=T, max_num_reqs=B + 1,
                                             conv_dim_first=conv_dim_first)
     for round_ in (1, 2):  # the second without request_indices
@@ -206,6 +217,10 @@ def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lo
         fill_sources(model, batch, T, fill_state=round_ == 1)
         check_round(ctx, ref_ctx, model, batch, round_, capture)
 
+
+COMMIT_DESIGNS = [f"commit-layers={design}" for design in kernels.launch.DESIGNS["commit-layers"]] + [
+    "commit-layers=one-launch,commit-context=conv-in-commit"]
+"""Every design of the state commit, and the conv windows inside the one launch."""
 
 CASES = [
     pytest.param(1, torch.float32, False, True, -5.0, 4, id="L1-fp32-stock"),
@@ -215,11 +230,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("design", kernels.launch.DESIGNS["commit-layers"])
+@pytest.mark.parametrize("designs", COMMIT_DESIGNS)
 @pytest.mark.parametrize("L,state_dtype,align,conv_dim_first,lower_bound,T", CASES)
-def test_two_rounds_match_reference(device, monkeypatch, design, L, state_dtype, align, conv_dim_first,
+def test_two_rounds_match_reference(device, monkeypatch, designs, L, state_dtype, align, conv_dim_first,
                                     lower_bound, T):
-    monkeypatch.setenv(kernels.launch.DESIGN_ENV, f"commit-layers={design}")
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, designs)
     run_two_rounds(device, L, H=2, K=16, V=32, T=T, state_dtype=state_dtype, align=align,
                    conv_dim_first=conv_dim_first, lower_bound=lower_bound)
 
@@ -232,11 +247,20 @@ def test_kimi_k3_shapes(device, align, T):
                    conv_dim_first=True, lower_bound=-5.0, dim=3 * 12 * 128, history=3)
 
 
+@pytest.mark.parametrize("designs", COMMIT_DESIGNS)
+def test_buffers_off_16_byte_boundaries_commit_alike(device, monkeypatch, designs):
+    """Buffers one element past a 16-byte boundary (views into larger storage) are not read
+    as aligned: the tables say so and the commit matches the reference all the same."""
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, designs)
+    run_two_rounds(device, L=2, H=2, K=16, V=32, T=4, state_dtype=torch.float32, align=True, conv_dim_first=True,
+                   lower_bound=-5.0, misaligned=True)
+
+
 @pytest.mark.gpu_only
-@pytest.mark.parametrize("design", kernels.launch.DESIGNS["commit-layers"])
-def test_a_commit_captured_in_a_cuda_graph_replays_it(device, monkeypatch, design):
+@pytest.mark.parametrize("designs", COMMIT_DESIGNS)
+def test_a_commit_captured_in_a_cuda_graph_replays_it(device, monkeypatch, designs):
     """No host work, no allocation: the whole commit of every layer replays from a graph."""
-    monkeypatch.setenv(kernels.launch.DESIGN_ENV, f"commit-layers={design}")
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, designs)
     run_two_rounds(device, L=3, H=12, K=128, V=128, T=4, state_dtype=torch.float32, align=True,
                    conv_dim_first=False, lower_bound=-5.0, capture=True)
 

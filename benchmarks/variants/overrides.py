@@ -2,7 +2,7 @@
 overridden, for side-by-side timing: ``kda bench --impl triton,benchmarks/variants/NAME.py``.
 
 ``wrap_api(namespace, patch)`` fills ``namespace`` (a variant file's globals) with the kernel
-API, each function running inside ``patch()``, a context manager that sets and restores what
+API and the commit context, each function (and ``commit``) running inside ``patch()``, a context manager that sets and restores what
 it overrides: the public switches (``environment``: ``KDA_DESIGN`` forces a design,
 ``KDA_DEPENDENT_LAUNCH=0`` plain stream order) or, for a choice that no switch reaches, names
 in a module (``attributes``). Import it with the repository root on ``sys.path``
@@ -62,8 +62,14 @@ def wrap_api(namespace: dict, patch) -> None:
                 return fn(*args, **kwargs)
         return call
 
+    class KDARecoverSSMCommitContext(kernels.KDARecoverSSMCommitContext):
+        """kda's commit context, each ``commit`` under ``patch()``."""
+
+        commit = under_patch(kernels.KDARecoverSSMCommitContext.commit)
+
     for name in API:
         namespace[name] = under_patch(getattr(kernels, name))
     for name in BUFFERS:
         namespace[name] = getattr(kernels, name)
+    namespace["KDARecoverSSMCommitContext"] = KDARecoverSSMCommitContext
     namespace["patch"] = patch
