@@ -10,13 +10,11 @@ graph). Designs (``kernels.launch.commit_layers_design``):
   tiles under a register cap (``kernels.launch.commit_layers_config``), where one layer's
   commit would leave SMs idle;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
-  its state;
-- ``prepared-keys`` (forced only): ``one-launch`` behind a launch that builds each token's
-  key and decay once per (layer, row, head), which every V-tile then loads.
+  its state.
 
-A commit context's conv compaction runs in a launch of its own ahead of the state commit, or
-(``commit-context`` design ``conv-in-commit``, forced only) as one more V-tile column of the
-one launch.
+A commit context's conv compaction runs as one more V-tile column of the one launch
+(``commit-context`` design ``conv-in-commit``), or in a launch of its own ahead of the
+state commit (``conv-apart``, and wherever the state commit is ``per-layer``).
 """
 
 from __future__ import annotations
@@ -34,9 +32,7 @@ from kernels.commit_token_loop import fold_slot_tile
 from kernels.contract import check_commit_args, check_layer_buffers
 from kernels.conv_compaction import ConvTables, compact_conv_channels, compact_conv_states
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.fold import store_prepared_tokens
 from kernels.launch import Target, commit_context_design, commit_layers_config, commit_layers_design
-from kernels.triton_math import head_decay_rate
 
 _CONV_CHUNK = 128  # conv channels a step of a one-warp program: [128, 4] windows, 16 entries a lane
 
@@ -103,65 +99,29 @@ def _layer_buffer(first, offsets, layer, ALIGNED: tl.constexpr):
 
 @triton.jit
 def _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr,
-                    record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, batch, prepared,
-                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-                    ALIGNED: tl.constexpr, PREPARED: tl.constexpr):
+                    record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, H: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, ALIGNED: tl.constexpr):
     """The commit token loop's program (``fold_slot_tile``) of V-tile ``pid_v``, head ``h``
     and row ``b`` on layer ``layer``'s buffers, its offsets read once the row is known to
     fold; an align row's boundary tile is stored by the token that reaches it (fewer
-    registers a program than holding it to the end). With ``PREPARED`` the tokens' keys and
-    decays come from ``prepared`` (``_prepare_layer_tokens_kernel``)."""
+    registers a program than holding it to the end)."""
     n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
         plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
     if folds:
-        if PREPARED:
-            prepared = _prepared_row(prepared, layer, b, h, batch, H, K, T)
         fold_slot_tile(_layer_buffer(*states, layer, ALIGNED), _layer_buffer(*key_gates, layer, ALIGNED),
                        _layer_buffer(*corrections, layer, ALIGNED), _layer_buffer(*A_logs, layer, False),
                        _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, n, source, final,
-                       has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True,
-                       prepared, PREPARED)
-
-
-@triton.jit
-def _prepared_row(prepared, layer, b, h, batch, H: tl.constexpr, K: tl.constexpr, T: tl.constexpr):
-    """Token 0's ``[2, K]`` entry of (layer, row, head) in ``prepared [L, batch, H, T, 2, K]``."""
-    return prepared + ((layer * batch + b).to(tl.int64) * H + h) * (T * 2 * K)
-
-
-@triton.jit
-def _prepare_layer_tokens_kernel(
-    key_gates, A_logs, dt_biases, lower_bound, state_indices_ptr, record_indices_ptr, plan, batch,
-    stride_state_indices, null_slot, prepared, H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
-    BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, ALIGNED: tl.constexpr,
-    DEPENDENT: tl.constexpr,
-):
-    """Per (head, layer x row) of a row that folds: its tokens' keys and decays
-    (``store_prepared_tokens``) into ``prepared``, once for every V-tile of the commit."""
-    _, h, pid_lb = start_tile_head_row(DEPENDENT)
-    layer = pid_lb // batch
-    b = pid_lb % batch
-    n, source, rec, folds, final, has_final, boundary, has_boundary, recovery = commit_row(
-        plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T, HAS_RECORD_INDICES)
-    if folds:
-        dt_bias = tl.load(_layer_buffer(*dt_biases, layer, ALIGNED) + h * K + tl.arange(0, BK),
-                          mask=tl.arange(0, BK) < K, other=0.0)
-        row = _prepared_row(prepared, layer, b, h, batch, H, K, T)
-        store_prepared_tokens(_layer_buffer(*key_gates, layer, ALIGNED), (rec * H + h) * T, n,
-                              row + tl.arange(0, BT)[:, None] * (2 * K), dt_bias,
-                              head_decay_rate(_layer_buffer(*A_logs, layer, False), h), lower_bound, K, BK, BT,
-                              HAS_LOWER_BOUND)
+                       has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True)
 
 
 @triton.jit
 def _commit_layers_token_loop_kernel(
     states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr, record_indices_ptr, plan, batch,
-    stride_state_indices, null_slot, conv, conv_channels, conv_dim, conv_history, prepared,
+    stride_state_indices, null_slot, conv, conv_channels, conv_dim, conv_history,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, ALIGNED: tl.constexpr, HAS_CONV: tl.constexpr,
-    CONV_BLOCK: tl.constexpr, CONV_HISTORY: tl.constexpr, CONV_CHUNKS: tl.constexpr, PREPARED: tl.constexpr,
-    DEPENDENT: tl.constexpr,
+    CONV_BLOCK: tl.constexpr, CONV_HISTORY: tl.constexpr, CONV_CHUNKS: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, layer x row): ``_fold_layer_row``. Each of ``states`` ...
     ``dt_biases`` is a pair (layer 0's tensor, ``LayerTables`` offsets); program axis 2 is
@@ -179,12 +139,12 @@ def _commit_layers_token_loop_kernel(
                                   CONV_BLOCK, CONV_HISTORY, CONV_CHUNKS)
         else:
             _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr,
-                            record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, batch,
-                            prepared, H, K, V, T, BK, BV, HAS_LOWER_BOUND, HAS_RECORD_INDICES, ALIGNED, PREPARED)
+                            record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, H, K, V,
+                            T, BK, BV, HAS_LOWER_BOUND, HAS_RECORD_INDICES, ALIGNED)
     else:
         _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, state_indices_ptr,
-                        record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, batch,
-                        prepared, H, K, V, T, BK, BV, HAS_LOWER_BOUND, HAS_RECORD_INDICES, ALIGNED, PREPARED)
+                        record_indices_ptr, plan, stride_state_indices, null_slot, pid_v, h, layer, b, H, K, V, T, BK,
+                        BV, HAS_LOWER_BOUND, HAS_RECORD_INDICES, ALIGNED)
 
 
 def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices, plan: CommitPlan,
@@ -199,7 +159,7 @@ def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices
 def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_bound, state_indices, plan: CommitPlan,
                            record_indices=None) -> None:
     """``kda_recoverssm_commit_layers``, and with ``conv`` the conv compaction of the same rows
-    (``compact_conv_states``): inside the one launch where ``commit-context`` runs
+    (``compact_conv_states``): inside the one launch where ``commit-context`` is
     ``conv-in-commit``, else a launch ahead of the commit."""
     first = tables.first
     B, H, K, V = check_commit_args(first.checkpoint_state, first.records, first.A_log, first.dt_bias, state_indices,
@@ -209,7 +169,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
     T = first.records.spec_query_len
     target = Target.of(first.checkpoint_state.device)
     design = commit_layers_design(B, H, V, T, target)
-    with_conv = conv is not None and design != "per-layer" and commit_context_design() == "conv-in-commit"
+    with_conv = conv is not None and design == "one-launch" and commit_context_design() == "conv-in-commit"
     if conv is not None and not with_conv:
         compact_conv_states(conv, state_indices, plan)
     if design == "per-layer":
@@ -224,12 +184,6 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
     lower = 0.0 if lower_bound is None else float(lower_bound)
     options = dict(HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
                    ALIGNED=tables.aligned, **dependent_launch(first.checkpoint_state.device))
-    prepared = None
-    if design == "prepared-keys":
-        prepared = torch.empty(L, B, H, T, 2, K, dtype=torch.float32, device=first.checkpoint_state.device)
-        _prepare_layer_tokens_kernel[(1, H, L * B)](
-            *buffers, lower, state_indices, record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID,
-            prepared, H=H, K=K, T=T, BK=cfg.block_k, BT=triton.next_power_of_2(T), **options, num_warps=1)
     conv_args, conv_channels, conv_block, conv_chunks = None, 0, 1, 1
     if with_conv:
         conv_args = (conv.states[0], conv.address, conv.slot_stride, conv.dim_stride, conv.token_stride)
@@ -239,8 +193,8 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
     _commit_layers_token_loop_kernel[(triton.cdiv(V, cfg.block_v) + with_conv, H, L * B)](
         (first.checkpoint_state, tables.state), buffers[0], (first.records.correction, tables.correction),
         *buffers[1:], lower, state_indices, record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID,
-        conv_args, conv_channels, conv.dim if with_conv else 0, conv.history if with_conv else 0, prepared, H=H, K=K,
-        V=V, T=T, BK=cfg.block_k, BV=cfg.block_v, HAS_CONV=with_conv, CONV_BLOCK=conv_block,
-        CONV_HISTORY=triton.next_power_of_2(conv.history) if with_conv else 1, CONV_CHUNKS=conv_chunks,
-        PREPARED=prepared is not None, **options, num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
+        conv_args, conv_channels, conv.dim if with_conv else 0, conv.history if with_conv else 0, H=H, K=K, V=V, T=T,
+        BK=cfg.block_k, BV=cfg.block_v, HAS_CONV=with_conv, CONV_BLOCK=conv_block,
+        CONV_HISTORY=triton.next_power_of_2(conv.history) if with_conv else 1, CONV_CHUNKS=conv_chunks, **options,
+        num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )

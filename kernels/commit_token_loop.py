@@ -16,7 +16,7 @@ from kernels.buffers import NULL_BLOCK_ID
 from kernels.commit_row import CommitCall, commit_row
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.flush_plan import planned_flush_count
-from kernels.fold import fold_prepared_token, fold_recorded_token
+from kernels.fold import fold_recorded_token
 from kernels.launch import CommitConfig
 from kernels.triton_math import head_decay_rate, record_row
 
@@ -66,61 +66,43 @@ def _commit_token_loop_kernel(
 
 
 @triton.jit
-def _fold_token(S, key_gate_ptr, correction_ptr, prepared_row, first, t, n, read_count, offs_k, offs_v, dt_bias, A_h,
-                lower_bound, K: tl.constexpr, V: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr,
-                PREPARED: tl.constexpr):
-    """Token ``t`` folded into ``S`` if ``t < n``: from its raw records, or with ``PREPARED``
-    from its key and decay at ``prepared_row`` (``kernels.fold``)."""
-    if PREPARED:
-        return fold_prepared_token(S, prepared_row, correction_ptr, first, t, t < n, offs_k, offs_v, K, V)
-    return fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k, offs_v,
-                               dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
-
-
-@triton.jit
 def fold_slot_tile(state_ptr, key_gate_ptr, correction_ptr, A_log_ptr, dt_bias_ptr, lower_bound, pid_v, h, rec, n,
                    read_count, source, final, has_final, boundary, has_boundary, recovery, H: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   HAS_LOWER_BOUND: tl.constexpr, BOUNDARY_IN_LOOP: tl.constexpr, prepared_row=None,
-                   PREPARED: tl.constexpr = False):
+                   HAS_LOWER_BOUND: tl.constexpr, BOUNDARY_IN_LOOP: tl.constexpr):
     """One row's fold on V-tile ``pid_v`` of head ``h``: the ``[BV, BK]`` tile of slot ``source``
     folded through the first ``n`` records of record row ``rec`` (``read_count`` of them read),
     stored to ``final`` where ``has_final``, and after ``recovery`` records to ``boundary``
     where ``has_boundary``. Pointers are a layer's own buffers (``commit_row`` gives the rest).
     The boundary tile is kept beside the state and stored after the loop, or with
     ``BOUNDARY_IN_LOOP`` stored by the token that reaches it (a masked store a token, a
-    tile's registers fewer). With ``PREPARED`` each token's key and decay are read from
-    ``prepared_row`` (``store_prepared_tokens``), not rebuilt from the key records."""
+    tile's registers fewer)."""
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     mask_vk = (offs_v < V)[:, None] & (offs_k < K)[None, :]
     tile = (h * V + offs_v[:, None]) * K + offs_k[None, :]
     S = tl.load(state_ptr + source * (H * V * K) + tile, mask=mask_vk, other=0.0).to(tl.float32)
-    if PREPARED:
-        A_h = 0.0
-        dt_bias = offs_k
-    else:
-        A_h = head_decay_rate(A_log_ptr, h)
-        dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=offs_k < K, other=0.0)
+    A_h = head_decay_rate(A_log_ptr, h)
+    dt_bias = tl.load(dt_bias_ptr + h * K + offs_k, mask=offs_k < K, other=0.0)
     first = (rec * H + h) * T
     dtype = state_ptr.dtype.element_ty
     if has_boundary:
         if BOUNDARY_IN_LOOP:
             for t in tl.static_range(T):
-                S = _fold_token(S, key_gate_ptr, correction_ptr, prepared_row, first, t, n, read_count, offs_k,
-                                offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND, PREPARED)
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
                 tl.store(state_ptr + boundary * (H * V * K) + tile, S.to(dtype), mask=mask_vk & (recovery == t + 1))
         else:
             S_boundary = S
             for t in tl.static_range(T):
-                S = _fold_token(S, key_gate_ptr, correction_ptr, prepared_row, first, t, n, read_count, offs_k,
-                                offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND, PREPARED)
+                S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                        offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
                 S_boundary = tl.where(recovery == t + 1, S, S_boundary)
             tl.store(state_ptr + boundary * (H * V * K) + tile, S_boundary.to(dtype), mask=mask_vk)
     else:
         for t in tl.static_range(T):
-            S = _fold_token(S, key_gate_ptr, correction_ptr, prepared_row, first, t, n, read_count, offs_k, offs_v,
-                            dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND, PREPARED)
+            S = fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, t < n, t < read_count, offs_k,
+                                    offs_v, dt_bias, A_h, lower_bound, K, V, HAS_LOWER_BOUND)
     tl.store(state_ptr + final * (H * V * K) + tile, S.to(dtype),
              mask=(offs_v < V)[:, None] & (offs_k < tl.where(has_final, K, 0))[None, :])
 

@@ -97,34 +97,3 @@ def fold_recorded_token(S, key_gate_ptr, correction_ptr, first, t, live, readabl
     key, decay = token_key_and_decay(k_raw, g_raw, dt_bias, A, lower_bound, HAS_LOWER_BOUND)
     return recurrence_step(S, tl.where(live, decay, 1.0)[None, :], tl.where(live, key, 0.0)[None, :],
                            tl.where(live, correction, 0.0)[:, None])
-
-
-@triton.jit
-def store_prepared_tokens(key_gate_ptr, first, count, prepared_rows, dt_bias, A, lower_bound, K: tl.constexpr,
-                          BK: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr):
-    """The normalised keys and decays (``token_key_and_decay``) of a record row's first
-    ``count`` tokens (token 0's record at ``first``), stored as float32 ``[2, K]`` a token from
-    ``prepared_rows`` (``[BT, 1]``, token ``t``'s row): key, then decay. Later tokens are
-    neither read nor written."""
-    offs_t = tl.arange(0, BT)
-    offs_k = tl.arange(0, BK)
-    mask = (offs_t < count)[:, None] & (offs_k < K)[None, :]
-    kg_rows = key_gate_ptr + (first + offs_t[:, None]) * (2 * K)
-    k_raw = tl.load(kg_rows + offs_k[None, :], mask=mask, other=0.0)
-    g_raw = tl.load(kg_rows + K + offs_k[None, :], mask=mask, other=0.0)
-    key, decay = token_key_and_decay(k_raw, g_raw, dt_bias[None, :], A, lower_bound, HAS_LOWER_BOUND)
-    tl.store(prepared_rows + offs_k[None, :], key, mask=mask)
-    tl.store(prepared_rows + K + offs_k[None, :], decay, mask=mask)
-
-
-@triton.jit
-def fold_prepared_token(S, prepared_row, correction_ptr, first, t, live, offs_k, offs_v, K: tl.constexpr,
-                        V: tl.constexpr):
-    """``fold_recorded_token`` from token ``t``'s key and decay as ``store_prepared_tokens``
-    left them (token 0's at ``prepared_row``): read only where ``live``, else ``S`` as it is."""
-    read_k = offs_k < tl.where(live, K, 0)
-    token_row = prepared_row + t * (2 * K)
-    key = tl.load(token_row + offs_k, mask=read_k, other=0.0)
-    decay = tl.load(token_row + K + offs_k, mask=read_k, other=1.0)
-    correction = tl.load(correction_ptr + (first + t) * V + offs_v, mask=offs_v < tl.where(live, V, 0), other=0.0)
-    return recurrence_step(S, decay[None, :], key[None, :], correction[:, None])

@@ -219,8 +219,9 @@ def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lo
 
 
 COMMIT_DESIGNS = [f"commit-layers={design}" for design in kernels.launch.DESIGNS["commit-layers"]] + [
-    "commit-layers=one-launch,commit-context=conv-in-commit"]
-"""Every design of the state commit, and the conv windows inside the one launch."""
+    "commit-layers=one-launch,commit-context=conv-apart"]
+"""Every design of the state commit, and the conv windows in a launch of their own beside the
+one launch."""
 
 CASES = [
     pytest.param(1, torch.float32, False, True, -5.0, 4, id="L1-fp32-stock"),
@@ -266,11 +267,10 @@ def test_a_commit_captured_in_a_cuda_graph_replays_it(device, monkeypatch, desig
 
 
 def test_one_launch_until_a_layer_streams():
-    """The one launch runs where one layer's commit is a token loop, and at T <= 4 to twice its
-    pairs; per-layer launches after."""
+    """The one launch runs to B=32 at T=8 and to B=256 at T=4 (H=12); per-layer launches after."""
     design = kernels.launch.commit_layers_design
-    assert [design(b, 12, 128, 8) for b in (1, 8, 9, 256)] == ["one-launch", "one-launch", "per-layer", "per-layer"]
-    assert [design(b, 12, 128, 4) for b in (32, 64, 65)] == ["one-launch", "one-launch", "per-layer"]
+    assert [design(b, 12, 128, 8) for b in (1, 8, 32, 33, 256)] == ["one-launch"] * 3 + ["per-layer"] * 2
+    assert [design(b, 12, 128, 4) for b in (1, 64, 256, 257)] == ["one-launch"] * 3 + ["per-layer"]
 
 
 def _context(device, L=2, **changes):
