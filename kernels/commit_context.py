@@ -2,13 +2,13 @@
 layer (docs/design.md §10).
 
 ``KDARecoverSSMCommitContext.create`` is called once, over the model's layers; it checks their
-buffers and builds the device tables and the plan buffers. ``commit`` then runs three
-launches, none allocating or synchronising (a step can be captured in a CUDA graph): the
-plan (accepted counts read through ``request_indices``; align mode with boundary states),
-the conv-state compaction of every layer, and the state commit of every layer (the last
-two in one launch under the ``conv-in-commit`` design). A layer's
-records are kept per state slot, as the engine's verify writes them: row ``b`` folds the
-records of its source slot.
+buffers and builds the device tables and the plan buffers. ``commit`` then launches,
+allocating and synchronising nothing (a step can be captured in a CUDA graph), the plan
+(accepted counts read through ``request_indices``; align mode with boundary states), then
+the conv-state compaction and the state commit of every layer: in one launch where the
+state commit is one launch for all layers, else the compaction first. A layer's records are
+kept per state slot, as the engine's verify writes them: row ``b`` folds the records of its
+source slot.
 """
 
 from __future__ import annotations
