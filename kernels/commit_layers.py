@@ -180,21 +180,28 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
     L = len(tables.layers)
     cfg = commit_layers_config(B * L, H, K, V, T, target)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices, plan.boundary_recovery_lens)
-    buffers = ((first.records.key_gate, tables.key_gate), (first.A_log, tables.A_log), (first.dt_bias, tables.dt_bias))
-    lower = 0.0 if lower_bound is None else float(lower_bound)
-    options = dict(HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-                   ALIGNED=tables.aligned, **dependent_launch(first.checkpoint_state.device))
-    conv_args, conv_channels, conv_block, conv_chunks = None, 0, 1, 1
-    if with_conv:
-        conv_args = (conv.states[0], conv.address, conv.slot_stride, conv.dim_stride, conv.token_stride)
-        conv_channels = triton.cdiv(conv.dim, H)
-        conv_block = min(_CONV_CHUNK, triton.next_power_of_2(conv_channels))
-        conv_chunks = triton.cdiv(conv_channels, conv_block)
+    conv_args, conv_options = _conv_column(conv if with_conv else None, H)
     _commit_layers_token_loop_kernel[(triton.cdiv(V, cfg.block_v) + with_conv, H, L * B)](
-        (first.checkpoint_state, tables.state), buffers[0], (first.records.correction, tables.correction),
-        *buffers[1:], lower, state_indices, record_indices, plan_rows, B, state_indices.stride(0), NULL_BLOCK_ID,
-        conv_args, conv_channels, conv.dim if with_conv else 0, conv.history if with_conv else 0, H=H, K=K, V=V, T=T,
-        BK=cfg.block_k, BV=cfg.block_v, HAS_CONV=with_conv, CONV_BLOCK=conv_block,
-        CONV_HISTORY=triton.next_power_of_2(conv.history) if with_conv else 1, CONV_CHUNKS=conv_chunks, **options,
+        (first.checkpoint_state, tables.state), (first.records.key_gate, tables.key_gate),
+        (first.records.correction, tables.correction), (first.A_log, tables.A_log), (first.dt_bias, tables.dt_bias),
+        0.0 if lower_bound is None else float(lower_bound), state_indices, record_indices, plan_rows, B,
+        state_indices.stride(0), NULL_BLOCK_ID, *conv_args, H=H, K=K, V=V, T=T, BK=cfg.block_k, BV=cfg.block_v,
+        HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
+        ALIGNED=tables.aligned, **conv_options, **dependent_launch(first.checkpoint_state.device),
         num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )
+
+
+def _conv_column(conv: ConvTables | None, H: int) -> tuple[tuple, dict]:
+    """The conv column's run-time arguments (``conv``, ``conv_channels``, ``conv_dim``,
+    ``conv_history``) and constants for ``_commit_layers_token_loop_kernel``: each of its
+    ``H`` programs a row and layer copies ``dim / H`` channels, ``_CONV_CHUNK`` at a time.
+    Without ``conv``, no column."""
+    if conv is None:
+        return (None, 0, 0, 0), dict(HAS_CONV=False, CONV_BLOCK=1, CONV_HISTORY=1, CONV_CHUNKS=1)
+    channels = triton.cdiv(conv.dim, H)
+    block = min(_CONV_CHUNK, triton.next_power_of_2(channels))
+    tables = (conv.states[0], conv.address, conv.slot_stride, conv.dim_stride, conv.token_stride)
+    return (tables, channels, conv.dim, conv.history), dict(
+        HAS_CONV=True, CONV_BLOCK=block, CONV_HISTORY=triton.next_power_of_2(conv.history),
+        CONV_CHUNKS=triton.cdiv(channels, block))
