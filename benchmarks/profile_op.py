@@ -3,11 +3,12 @@
 usage: ncu --profile-from-start off [ncu options] \
            python3 benchmarks/profile_op.py [--impl triton] [--preset k3-tp8] [--layers L] OP T:B
 
-Builds the bench's workload for one set (``traces.bench.Workload``: all drafts accepted, fp32
-state), runs ``OP`` twice untimed (compiles its kernels), restores what it consumes, and then
-runs it once more between ``cudaProfilerStart`` and ``cudaProfilerStop``, so that a profiler
-started with profiling off sees only that call's kernels. Nsight Compute flushes the caches
-before each kernel it profiles, so state reads come from DRAM.
+Builds the bench's workload for one set, or one model of ``--layers`` sets
+(``traces.bench.Workload``: all drafts accepted, fp32 state), runs ``OP`` twice untimed
+(compiles its kernels), restores what it consumes, and then runs it once more between
+``cudaProfilerStart`` and ``cudaProfilerStop``, so that a profiler started with profiling off
+sees only that call's kernels. Nsight Compute flushes the caches before each kernel it
+profiles, so state reads come from DRAM.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 overridden, for side-by-side timing: ``kda bench --impl triton,benchmarks/variants/NAME.py``.
 
 ``wrap_api(namespace, patch)`` fills ``namespace`` (a variant file's globals) with the kernel
-API and the commit context, each function (and ``commit``) running inside ``patch()``, a context manager that sets and restores what
-it overrides: the public switches (``environment``: ``KDA_DESIGN`` forces a design,
-``KDA_DEPENDENT_LAUNCH=0`` plain stream order) or, for a choice that no switch reaches, names
-in a module (``attributes``). Import it with the repository root on ``sys.path``
-(``PYTHONPATH=.``).
+API and the commit context, each function (and ``commit``) running inside ``patch()``, a
+context manager that sets and restores what it overrides: the public switches (``environment``:
+``KDA_DESIGN`` forces a design, ``KDA_DEPENDENT_LAUNCH=0`` plain stream order) or, for a choice
+that no switch reaches, names in a module (``attributes``). Import it with the repository root
+on ``sys.path`` (``PYTHONPATH=.``).
 """
 
 from __future__ import annotations
