@@ -4,7 +4,8 @@ The interpreter must be chosen before any kernel module is imported, so it is se
 at collection time, and nowhere in ``kernels/``. Random inputs take their seeds from
 ``tests.seeds.fresh_seed``: the run's base seed is in the header, the closing summary
 (shown under ``-q`` too) and every failure report, and ``KDA_TEST_SEED=N`` replays a
-run's inputs.
+run's inputs. The base seed is put in the environment, so the workers of ``pytest -n N``
+(pytest-xdist), started after this file is loaded, draw from the seed the run prints.
 """
 
 import os
@@ -19,6 +20,8 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+os.environ[seeds.VARIABLE] = str(seeds.BASE)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -307,6 +307,7 @@ def test_a_run_stopped_between_implementations_prints_the_rows_it_has(device, mo
     """Stopped after the first implementation's row of a case: the table shows that time and
     says the second implementation did not run, where it raised a KeyError before."""
     from kda_cli.commands.bench import _render_human
+    monkeypatch.delenv("COLUMNS", raising=False)  # set by pytest -n's workers; the table takes a pipe's width
     _interrupt_the_second_row(monkeypatch)
     config = bench.BenchConfig(preset="tiny", batches=(1,), ops=("plan",), impls=("triton", "reference"),
                                smoke=True)
