@@ -28,12 +28,14 @@ DESIGN_ENV = "KDA_DESIGN"
 
 DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
-    "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels"),
+    "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels",
+                     "flush-apart-rows-ahead"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "per-layer"),
     "commit-context": ("conv-apart", "conv-in-commit"),
 }
-"""Every design of each op (docs/design.md §9 says what each one is)."""
+"""Every design of each op (docs/design.md §9 says what each one is). ``flush-apart-rows-ahead``
+is forced only (``KDA_DESIGN``): no rule picks it until a GPU run measures it."""
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 _TUNED_SM_COUNT = 132  # the H200 the thresholds below were measured on
@@ -225,7 +227,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     window = triton.next_power_of_2(spec_query_len)
     common = dict(design=design, block_k=block_k, block_kk=min(32, block_k), stages=3,
                   key_side_warps=1, key_side_max_registers=None)
-    if design.startswith("token-loop") or design == "flush-apart":
+    if design.startswith(("token-loop", "flush-apart")):
         rows, at_once = _token_loop_tile(key, design, flush)
         return VerifyConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)), block_t=window,
                             window_at_once=at_once, num_warps=1, max_registers=_token_loop_budget(key, rows, flush),
@@ -252,7 +254,7 @@ def _token_loop_tile(key: Key, design: str, flush: bool) -> tuple[int, bool]:
     """State rows per token-loop program and whether it reads the window at once."""
     if not key.target.compiled:  # the interpreter's cost is per program: the same code on wider tiles
         return (16 if flush else 32), design != "token-loop-token-by-token"
-    if not flush or design == "flush-apart":
+    if not flush or design.startswith("flush-apart"):
         # narrow tiles shorten each program's chain while few pairs leave SMs idle
         return (4 if key.T <= 4 else 2 if key.pairs <= 24 else 8), True
     if design == "token-loop-at-once":

@@ -371,10 +371,10 @@ FLUSHING_CASES = [
     pytest.param(design, dtype, 4, -5.0, id=f"{design}-{name}")
     for design in kernels.launch.DESIGNS["flush-verify"]
     for dtype, name in ((torch.float32, "fp32-state"), (torch.bfloat16, "bf16-state"))
-    if design != "flush-apart" or dtype == torch.float32  # apart: two tested kernels in turn
+    if not design.startswith("flush-apart") or dtype == torch.float32  # apart: two tested kernels in turn
 ] + [  # K3's window, and gates without a lower bound (the unfactored window)
     pytest.param(design, torch.float32, 8, None, id=f"{design}-T8-no-lower-bound")
-    for design in ("flush-apart", "token-loop-at-once", "two-kernels")
+    for design in ("flush-apart", "flush-apart-rows-ahead", "token-loop-at-once", "two-kernels")
 ] + [  # a long window token by token: the 2-row tiles of the fewest pairs (compiled)
     pytest.param("token-loop-token-by-token", torch.float32, 8, -5.0, id="token-loop-token-by-token-T8",
                  marks=pytest.mark.gpu_only)]
