@@ -14,12 +14,6 @@ So no kernel touches memory before every earlier kernel in the stream is done (e
 ahead waited in turn): only the launch latency and the ramp of each grid are hidden, never
 an ordering. Without ``DEPENDENT`` both are no-ops.
 
-One exception, where a wrapper launches two kernels in turn: the second may read, before
-its wait, what the first does not write, since the first released it only after its own
-wait (every kernel ahead of both is done). The flush apart's verify reads its rows so
-(``ROWS_AHEAD``, design ``flush-apart-rows-ahead``); it still waits before reading the state
-that the fold writes and before any store.
-
 Counters (``row_counters``) elect, within one kernel, the last of a group of programs to
 arrive (``arrive``, ``arrived_last``, ordered by ``gpu_fence``), which resets its counter: a grid
 whose programs all read a buffer that one of them must then overwrite leaves the overwrite

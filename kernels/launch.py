@@ -28,14 +28,12 @@ DESIGN_ENV = "KDA_DESIGN"
 
 DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
-    "flush-verify": ("flush-apart", "token-loop-at-once", "token-loop-token-by-token", "two-kernels",
-                     "flush-apart-rows-ahead"),
+    "flush-verify": ("flush-apart", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "per-layer"),
     "commit-context": ("conv-apart", "conv-in-commit"),
 }
-"""Every design of each op (docs/design.md §9 says what each one is). ``flush-apart-rows-ahead``
-is forced only (``KDA_DESIGN``): no rule picks it until a GPU run measures it."""
+"""Every design of each op (docs/design.md §9 says what each one is)."""
 
 _DOT_MIN = 16  # tl.dot needs every dimension >= 16
 _TUNED_SM_COUNT = 132  # the H200 the thresholds below were measured on
@@ -102,10 +100,8 @@ _VERIFY_RULES = (
 )
 
 _FLUSH_VERIFY_RULES = (
-    Rule("flush-apart", lambda key: key.pairs <= 12 and key.pairs * key.T <= 384 and _commit_token_loop_holds(key),
-         "B=1: two chains of T tokens in turn are shorter than the fused loop's one chain of 2T"),
-    Rule("token-loop-at-once", lambda key: key.pairs * key.T <= 384 and key.T <= 4 and key.pairs <= 24,
-         "few tokens, short window: 4-row tiles hold the whole window's inputs without spilling"),
+    Rule("flush-apart", lambda key: key.pairs <= 24 and key.pairs * key.T <= 384 and _commit_token_loop_holds(key),
+         "B <= 2: two chains of T tokens in turn are shorter than the fused loop's one chain of 2T"),
     Rule("token-loop-token-by-token", lambda key: key.pairs * key.T <= 384,
          "few tokens: as the stock token loop, each token's inputs read in turn to stay under the budget"),
     Rule("two-kernels", _always, "the fold operand beside the key side; the state kernel folds, stores and verifies"),
@@ -227,7 +223,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     window = triton.next_power_of_2(spec_query_len)
     common = dict(design=design, block_k=block_k, block_kk=min(32, block_k), stages=3,
                   key_side_warps=1, key_side_max_registers=None)
-    if design.startswith(("token-loop", "flush-apart")):
+    if design.startswith("token-loop") or design == "flush-apart":
         rows, at_once = _token_loop_tile(key, design, flush)
         return VerifyConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)), block_t=window,
                             window_at_once=at_once, num_warps=1, max_registers=_token_loop_budget(key, rows, flush),
@@ -254,11 +250,9 @@ def _token_loop_tile(key: Key, design: str, flush: bool) -> tuple[int, bool]:
     """State rows per token-loop program and whether it reads the window at once."""
     if not key.target.compiled:  # the interpreter's cost is per program: the same code on wider tiles
         return (16 if flush else 32), design != "token-loop-token-by-token"
-    if not flush or design.startswith("flush-apart"):
+    if not flush or design == "flush-apart":
         # narrow tiles shorten each program's chain while few pairs leave SMs idle
         return (4 if key.T <= 4 else 2 if key.pairs <= 24 else 8), True
-    if design == "token-loop-at-once":
-        return 4, True  # at once, 2 rows reach 255 registers and 8 spill
     if key.T <= 4:
         return 8, False
     return (2 if key.pairs <= 24 else 4), False  # the fold doubles the chain: narrower tiles

@@ -12,8 +12,7 @@ Three designs, one module each, chosen by ``kernels.launch`` (docs/design.md §9
 ``kda_recoverssm_flush_verify`` runs the token loop or the two kernels folding each row's
 pending records first, so that a deferred step reads each slot once; for the fewest pairs
 (``flush-apart``) the fold runs alone (``kernels.commit.fold_pending``), then the stock
-token loop, which consumes the counts and writes the flush plan (``flush-apart-rows-ahead``,
-forced only: that loop reads its rows while the fold still runs).
+token loop, which consumes the counts and writes the flush plan.
 Products with the state are float32 (split-precision tf32).
 """
 
@@ -39,12 +38,11 @@ def _launch(call: VerifyCall, pending=None, plan: CommitPlan | None = None) -> N
     cfg = verify_config(call.B, call.H, call.K, call.V, call.T, flush, target)
     plan_rows = (plan.commit_lens, plan.final_state_indices, plan.boundary_state_indices,
                  plan.boundary_recovery_lens) if flush else (None,) * 4
-    if cfg.design.startswith("flush-apart"):  # the fold, then the stock token loop, which consumes the counts
+    if cfg.design == "flush-apart":  # the fold, then the stock token loop, which consumes the counts
         fold_pending(call.state, call.records, call.A_log, call.dt_bias, call.lower_bound, call.state_indices,
                      call.record_indices, pending)
         stock = verify_config(call.B, call.H, call.K, call.V, call.T, target=target, design="token-loop")
-        launch_token_loop(call, stock, pending, plan_rows, consume=True,
-                          rows_ahead=cfg.design == "flush-apart-rows-ahead")
+        launch_token_loop(call, stock, pending, plan_rows, consume=True)
     elif cfg.design.startswith("token-loop"):
         launch_token_loop(call, cfg, pending, plan_rows)
     elif cfg.design == "one-pass":

@@ -5,8 +5,8 @@ whole ``[BV, K]`` state tile and runs the recurrence of docs/design.md §2, two 
 reductions a token and an elementwise update, with no matrix products and no operands to
 build, so a program's chain is short where that chain is the whole time.
 
-Its flushing forms: ``FLUSH`` (``token-loop-at-once``, ``token-loop-token-by-token``) first
-folds each row's pending records into the tile and stores it back; ``CONSUME_PENDING``
+Its flushing forms: ``FLUSH`` (``token-loop-token-by-token``) first folds each row's pending
+records into the tile and stores it back; ``CONSUME_PENDING``
 (``flush-apart``, after ``kernels.commit.fold_pending``) consumes the counts and writes the
 flush plan of a window that runs from the state that launch folded.
 """
@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.dependent_launch import (
-    arrive, arrived_last, await_prior_grid, dependent_launch, gpu_fence, release_next_grid, row_counters,
-    start_tile_head_row,
+    arrive, arrived_last, dependent_launch, gpu_fence, row_counters, start_tile_head_row,
 )
 from kernels.flush_plan import planned_flush_count, store_flush_plan
 from kernels.fold import fold_recorded_token
@@ -35,8 +34,8 @@ def _verify_token_loop_kernel(
     tokens, token_strides, gate, state_ptr, records, rows, stride_state_indices, pending_ptr, plan, counters_ptr,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, BT: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr,
-    FLUSH: tl.constexpr, CONSUME_PENDING: tl.constexpr, ROWS_AHEAD: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr,
-    FENCED: tl.constexpr, DEPENDENT: tl.constexpr,
+    FLUSH: tl.constexpr, CONSUME_PENDING: tl.constexpr, WINDOW_AT_ONCE: tl.constexpr, FENCED: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, row): the whole ``[BV, BK]`` state tile in registers, run through
     the window one token at a time (docs/design.md §2): two row reductions a token (the
@@ -66,20 +65,14 @@ def _verify_token_loop_kernel(
 
     With ``CONSUME_PENDING`` (the flush apart, ``fold_pending`` launched just before) the
     first program of each row consumes its pending count and writes its flush plan: the
-    window runs from the state that launch folded. With ``ROWS_AHEAD`` as well, each program
-    reads its row (window, slot, record row, pending count) before it waits for that launch,
-    which writes none of them (``kernels.dependent_launch``): only the state's round trip is
-    left behind the fold."""
+    window runs from the state that launch folded."""
     q_ptr, k_ptr, g_ptr, v_ptr, beta_ptr, out_ptr = tokens
     stride_q_tok, stride_k_tok, stride_g_tok, stride_v_tok, stride_beta_tok, stride_out_tok = token_strides
     A_log_ptr, dt_bias_ptr, lower_bound = gate
     key_gate_ptr, correction_ptr = records
     query_start_loc_ptr, state_indices_ptr, record_indices_ptr = rows
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
-    if ROWS_AHEAD:
-        pid_v, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    else:
-        pid_v, h, b = start_tile_head_row(DEPENDENT)
+    pid_v, h, b = start_tile_head_row(DEPENDENT)
     BM: tl.constexpr = 2 * BT
 
     start, length, slot = window_row(query_start_loc_ptr, state_indices_ptr, b, stride_state_indices, T)
@@ -94,9 +87,6 @@ def _verify_token_loop_kernel(
     if CONSUME_PENDING:
         consumed = (pid_v == 0) & (h == 0) & (slot > NULL_SLOT) & (rec >= 0)
         pending_count = tl.load(pending_ptr + rec, mask=consumed, other=0)
-    if ROWS_AHEAD:
-        await_prior_grid(DEPENDENT)
-        release_next_grid(DEPENDENT)
     offs_v = pid_v * BV + tl.arange(0, BV)
     offs_k = tl.arange(0, BK)
     mask_v = offs_v < V
@@ -194,16 +184,15 @@ def _verify_token_loop_kernel(
 
 
 def launch_token_loop(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_rows=(None,) * 4,
-                      consume: bool = False, rows_ahead: bool = False) -> None:
+                      consume: bool = False) -> None:
     """One launch of ``_verify_token_loop_kernel`` on ``cfg``'s tiles: stock, flushing (with
     ``pending`` counts and the ``plan_rows`` that receive them) or, with ``consume``, stock
-    on a state already folded, consuming the counts and writing the plan; ``rows_ahead``
-    (with ``consume``, launched right after ``fold_pending``): the rows read before the wait."""
+    on a state already folded, consuming the counts and writing the plan."""
     device = call.v.device
     flush = pending is not None and not consume
     counters = row_counters(device, call.B * call.H + call.B) if flush else None
     _verify_token_loop_kernel[(triton.cdiv(call.V, cfg.block_v), call.H, call.B)](
         *call.one_kernel_args(), pending, plan_rows, counters, V=call.V, BK=cfg.block_k, BV=cfg.block_v,
-        BT=cfg.block_t, FLUSH=flush, CONSUME_PENDING=consume, ROWS_AHEAD=consume and rows_ahead,
-        WINDOW_AT_ONCE=cfg.window_at_once, FENCED=Target.of(device).compiled, **call.shape_options(),
-        **dependent_launch(device), num_warps=1, num_stages=1, maxnreg=cfg.max_registers)
+        BT=cfg.block_t, FLUSH=flush, CONSUME_PENDING=consume, WINDOW_AT_ONCE=cfg.window_at_once,
+        FENCED=Target.of(device).compiled, **call.shape_options(), **dependent_launch(device), num_warps=1,
+        num_stages=1, maxnreg=cfg.max_registers)

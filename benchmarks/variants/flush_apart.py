@@ -1,5 +1,5 @@
 """The flushing verify always as the fold, then the stock token loop (``flush-apart``), also
-past B=1 where the decision table fuses them (``KDA_DESIGN``)."""
+past B=2 where the decision table fuses them (``KDA_DESIGN``)."""
 
 from benchmarks.variants.overrides import environment, wrap_api
 

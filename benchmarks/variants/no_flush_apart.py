@@ -1,5 +1,5 @@
-"""The flushing verify never runs as the fold then the stock token loop (``flush-apart``): at
-B=1 it takes the fused flushing loop instead (``KDA_DESIGN``)."""
+"""The flushing verify never runs as the fold then the stock token loop (``flush-apart``): up to
+B=2 it takes the fused flushing loop instead (``KDA_DESIGN``)."""
 
 from benchmarks.variants.overrides import environment, wrap_api
 
