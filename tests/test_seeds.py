@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -15,9 +17,9 @@ def _run(folder: Path, seed: str | None, returncode: int = 1, options: tuple[str
     env = {k: v for k, v in os.environ.items() if k != "KDA_TEST_SEED"}
     if seed is not None:
         env["KDA_TEST_SEED"] = seed
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", *options,
-                           str(folder / "test_draws.py")], cwd=folder, capture_output=True, text=True, timeout=120,
-                          env={**env, "PYTHONPATH": str(REPO)})
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                           *options, str(folder / "test_draws.py")], cwd=folder, capture_output=True, text=True,
+                          timeout=120, env={**env, "PYTHONPATH": str(REPO)})
     assert done.returncode == returncode, done.stdout + done.stderr
     return done.stdout
 
@@ -46,7 +48,6 @@ def test_a_quiet_passing_run_still_prints_its_seed(tmp_path):
 def test_the_workers_of_pytest_n_draw_from_the_seed_the_run_prints(tmp_path):
     """Under ``pytest -n 2`` (the README's command) each worker draws from the base seed of
     the closing summary, so that seed replays a failure in a run without ``-n``."""
-    import pytest
     pytest.importorskip("xdist")
     (tmp_path / "test_draws.py").write_text(
         "import pytest\n"
