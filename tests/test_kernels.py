@@ -88,9 +88,9 @@ def verify_design(request, monkeypatch):
 
 def test_design_table_follows_pair_count():
     """K3 per TP8 rank (H=12) on the H200 the table is tuned on. Verify: one token at a time up
-    to B=8 at T=4 and B=4 at T=8, one kernel up to B=16, two from B=17. Flushing: at B=1 the flush apart; one token at a
-    time up to B=8 at T=4 (the window read at once up to B=2) and B=4 at T=8, else two
-    kernels. Commit: one token at a time up to B=32 at T=4 and B=8 at T=8 (never past B=32),
+    to B=8 at T=4 and B=4 at T=8, one kernel up to B=16, two from B=17. Flushing: up to B=2
+    the flush apart; one token at a time up to B=8 at T=4 and B=4 at T=8, else two kernels.
+    Commit: one token at a time up to B=32 at T=4 and B=8 at T=8 (never past B=32),
     then the fold operand in every V-tile up to B=10, once from B=11, 64 key channels a
     program from B=43."""
     def designs(op_config, batches, T, **kw):
