@@ -1,7 +1,7 @@
 """A pytest plugin that runs the tests under one variant's overrides (its ``patch``, which
 ``overrides.wrap_api`` puts beside the API), for the whole session:
 
-    KDA_VARIANT=benchmarks/variants/layers_warps4.py PYTHONPATH=. \
+    KDA_VARIANT=benchmarks/variants/commit_layers_one_launch.py PYTHONPATH=. \
         python3 -m pytest -p benchmarks.variants.forced -q tests/test_commit_layers.py
 
 Tests that force a design themselves (``KDA_DESIGN``) keep theirs; a variant's attribute
