@@ -82,9 +82,11 @@ from tests.kernel_problems import make_problem  # noqa: E402
 launch.Target.of = staticmethod(lambda device: launch.H200)
 kernels.dependent_launch.is_hopper_or_later = lambda device: True
 
-# every design of each op at least once, the ops side by side
+# every design of each op at least once, the ops side by side; commit-layers' in reverse, so
+# that the commit context's designs after the first run beside the one launch they change
 DESIGN_SETS = [
-    {op: designs[min(i, len(designs) - 1)] for op, designs in launch.DESIGNS.items()}
+    {op: (designs[::-1] if op == "commit-layers" else designs)[min(i, len(designs) - 1)]
+     for op, designs in launch.DESIGNS.items()}
     for i in range(max(len(designs) for designs in launch.DESIGNS.values()))
 ]
 

@@ -21,7 +21,7 @@ from kernels.buffers import CommitPlan, KDARecoverSSMRecords
 from kernels.commit_layers import LayerBuffers, LayerTables, commit_layers_and_conv
 from kernels.contract import check_commit_context_args, check_context_layers
 from kernels.conv_compaction import ConvTables
-from kernels.plan import plan_per_request
+from kernels.plan import RequestPlan
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,6 @@ class KDARecoverSSMCommitContext:
                mamba_block_size) -> None:
         """The checked commit of a non-empty batch (``requests``: ``[B]`` or None)."""
         B = state_indices.shape[0]
-        plan = plan_per_request(self.plan, num_accepted_tokens, query_start_loc, state_indices, self.spec_query_len,
-                                requests, self.slot_rows, block_table, num_computed_tokens, mamba_block_size)
-        commit_layers_and_conv(self.tables, self.conv, self.lower_bound, state_indices, plan, self.slot_rows[:B])
+        commit_layers_and_conv(self.tables, self.conv, self.lower_bound, state_indices, self.plan.rows(B),
+                               self.slot_rows[:B], RequestPlan(num_accepted_tokens, query_start_loc, requests,
+                                                               block_table, num_computed_tokens, mamba_block_size))

@@ -58,18 +58,44 @@ class CommitCall:
 @triton.jit
 def commit_row(plan, state_indices_ptr, record_indices_ptr, b, stride_state_indices, null_slot, T: tl.constexpr,
                HAS_RECORD_INDICES: tl.constexpr):
-    """Row ``b``'s plan as every commit kernel reads it: ``(n, source, record row, folds,
-    final, has_final, boundary, has_boundary, recovery)``, slots int64; nothing is folded
-    unless ``folds``, a slot is written only where its ``has_*`` holds. ``plan``: the
-    ``CommitPlan``'s four row pointers, in its field order; ``null_slot``: ``NULL_SLOT``, or
-    the same value passed at run time (``kernels.commit_token_loop`` says why)."""
+    """Row ``b``'s plan as every commit kernel reads it: ``planned_row`` of its plan columns
+    (``row_plan_columns``). ``null_slot``: ``NULL_SLOT``, or the same value passed at run time
+    (``kernels.commit_token_loop`` says why)."""
+    source, commit_len, final, boundary, recovery = row_plan_columns(plan, state_indices_ptr, b, stride_state_indices)
+    return planned_row(commit_len, source, record_row(record_indices_ptr, b, HAS_RECORD_INDICES), final, boundary,
+                       recovery, null_slot, T)
+
+
+@triton.jit
+def row_plan_columns(plan, state_indices_ptr, b, stride_state_indices):
+    """Row ``b``'s ``(source, commit_len, final, boundary, recovery)``, int32 as stored:
+    ``plan`` is the ``CommitPlan``'s four row pointers, in its field order."""
     commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
-    n = tl.minimum(tl.load(commit_lens_ptr + b), T)
-    source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
-    rec = record_row(record_indices_ptr, b, HAS_RECORD_INDICES)
-    final = tl.load(final_state_indices_ptr + b).to(tl.int64)
-    boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
-    recovery = tl.load(boundary_recovery_lens_ptr + b)
+    return (tl.load(state_indices_ptr + b * stride_state_indices), tl.load(commit_lens_ptr + b),
+            tl.load(final_state_indices_ptr + b), tl.load(boundary_state_indices_ptr + b),
+            tl.load(boundary_recovery_lens_ptr + b))
+
+
+@triton.jit
+def store_row_plan(plan, b, commit_len, final, boundary, recovery):
+    """Store row ``b``'s plan columns (the inverse of ``row_plan_columns``)."""
+    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
+    tl.store(commit_lens_ptr + b, commit_len)
+    tl.store(final_state_indices_ptr + b, final)
+    tl.store(boundary_state_indices_ptr + b, boundary)
+    tl.store(boundary_recovery_lens_ptr + b, recovery)
+
+
+@triton.jit
+def planned_row(commit_len, source, rec, final, boundary, recovery, null_slot, T: tl.constexpr):
+    """A row's plan columns (``commit_len``, ``final``, ``boundary``, ``recovery``), its source
+    slot and record row as a commit kernel uses them: ``(n, source, record row, folds, final,
+    has_final, boundary, has_boundary, recovery)``, slots int64; nothing is folded unless
+    ``folds``, a slot is written only where its ``has_*`` holds."""
+    n = tl.minimum(commit_len, T)
+    source = source.to(tl.int64)
+    final = final.to(tl.int64)
+    boundary = boundary.to(tl.int64)
     has_boundary = (boundary > null_slot) & (recovery > 0) & (recovery <= n)
     folds = (n > 0) & (source > null_slot) & (rec >= 0)
     return n, source, rec, folds, final, final > null_slot, boundary, has_boundary, recovery

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan
+from kernels.commit_row import row_plan_columns
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 
 _BLOCK_DIM = 512  # channels a program: at K3 (4608 channels) 9 programs a row and layer, each 3-6 KiB
@@ -56,23 +57,20 @@ class ConvTables:
 
 
 @triton.jit
-def compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table,
-                          state_indices_ptr, plan, stride_state_indices, b, layer, first_channel, end_channel, history,
-                          null_slot, BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr, CHUNKS: tl.constexpr):
-    """Row ``b``'s compaction on layer ``layer``, channels ``first_channel`` up to
-    ``end_channel`` in ``CHUNKS`` chunks of ``BLOCK_DIM``: a row that commits
-    (``commit_lens > 0``, real source and final slots) copies its source's entries
-    ``n - 1 + j`` to the final slot's ``j``, and ``R - 1 + j`` to a real boundary slot's ``j``,
-    ``j < history``. In each chunk every load precedes every store (the source may be either
-    destination)."""
-    commit_lens_ptr, final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr = plan
-    source = tl.load(state_indices_ptr + b * stride_state_indices).to(tl.int64)
-    n = tl.load(commit_lens_ptr + b)
-    final = tl.load(final_state_indices_ptr + b).to(tl.int64)
+def compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table, source, n,
+                          final, boundary, recovery, layer, first_channel, end_channel, history, null_slot,
+                          BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr, CHUNKS: tl.constexpr):
+    """A row's compaction on layer ``layer``, channels ``first_channel`` up to
+    ``end_channel`` in ``CHUNKS`` chunks of ``BLOCK_DIM``, given its plan
+    (``kernels.commit_row.row_plan_columns``): a row that commits (``n > 0``, real source and final slots)
+    copies its source's entries ``n - 1 + j`` to the final slot's ``j``, and ``R - 1 + j`` to
+    a real boundary slot's ``j``, ``j < history``. In each chunk every load precedes every
+    store (the source may be either destination)."""
+    source = source.to(tl.int64)
+    final = final.to(tl.int64)
     if (source > null_slot) & (n > 0) & (final > null_slot):
-        boundary = tl.load(boundary_state_indices_ptr + b).to(tl.int64)
-        recovery = tl.load(boundary_recovery_lens_ptr + b)
-        has_boundary = (boundary > null_slot) & (recovery > 0) & (recovery <= n)
+        boundary_slot = boundary.to(tl.int64)
+        has_boundary = (boundary_slot > null_slot) & (recovery > 0) & (recovery <= n)
         base = tl.load(address_table + layer).to(tl.pointer_type(conv_ref.dtype.element_ty))
         slot_stride = tl.load(slot_stride_table + layer)
         dim_stride = tl.load(dim_stride_table + layer)
@@ -88,7 +86,7 @@ def compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride
             boundary_window = tl.load(source_rows + (recovery - 1 + offs_j)[None, :] * token_stride,
                                       mask=boundary_mask)
             tl.debug_barrier()
-            tl.store(channels + boundary * slot_stride + offs_j[None, :] * token_stride, boundary_window,
+            tl.store(channels + boundary_slot * slot_stride + offs_j[None, :] * token_stride, boundary_window,
                      mask=boundary_mask)
             tl.store(channels + final * slot_stride + offs_j[None, :] * token_stride, final_window, mask=mask)
 
@@ -103,9 +101,11 @@ def _compact_conv_states_kernel(
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     pid_d = tl.program_id(0)
-    compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table,
-                          state_indices_ptr, plan, stride_state_indices, tl.program_id(1), tl.program_id(2),
-                          pid_d * BLOCK_DIM, dim, history, null_slot, BLOCK_DIM, BLOCK_HISTORY, 1)
+    source, n, final, boundary, recovery = row_plan_columns(plan, state_indices_ptr, tl.program_id(1),
+                                                            stride_state_indices)
+    compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride_table, token_stride_table, source, n,
+                          final, boundary, recovery, tl.program_id(2), pid_d * BLOCK_DIM, dim, history, null_slot,
+                          BLOCK_DIM, BLOCK_HISTORY, 1)
 
 
 def compact_conv_states(tables: ConvTables, state_indices, plan: CommitPlan) -> None:

@@ -31,7 +31,7 @@ DESIGNS = {
     "flush-verify": ("flush-apart", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "per-layer"),
-    "commit-context": ("conv-apart", "conv-in-commit"),
+    "commit-context": ("conv-apart", "conv-in-commit", "plan-in-commit"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 

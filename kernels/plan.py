@@ -12,6 +12,9 @@ kda's own flush (``kda_recoverssm_flush``) consumes the counts it folds unless a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
@@ -46,6 +49,30 @@ def _commit_plan_kernel(
     release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_batch = rows < batch
+    slot, lens, final, boundary, recovery = plan_request_rows(
+        rows, in_batch, num_accepted_ptr, query_start_loc_ptr, state_indices_ptr, block_table_ptr, num_computed_ptr,
+        request_indices_ptr, stride_state_indices, stride_block_table, block_table_width, block_size, null_block_id,
+        SPEC_QUERY_LEN, ALIGN, HAS_REQUEST_INDICES)
+    if DEFER:
+        lens = tl.where(defer_rows(rows, in_batch, slot, lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
+                                   HAS_EAGER), 0, lens)
+    tl.store(commit_lens_ptr + rows, lens, mask=in_batch)
+    tl.store(final_state_indices_ptr + rows, final, mask=in_batch)
+    tl.store(boundary_state_indices_ptr + rows, boundary, mask=in_batch)
+    tl.store(boundary_recovery_lens_ptr + rows, recovery, mask=in_batch)
+    if WRITES_SLOT_ROWS:
+        tl.store(slot_rows_ptr + rows, slot, mask=in_batch)
+
+
+@triton.jit
+def plan_request_rows(rows, in_batch, num_accepted_ptr, query_start_loc_ptr, state_indices_ptr, block_table_ptr,
+                      num_computed_ptr, request_indices_ptr, stride_state_indices, stride_block_table,
+                      block_table_width, block_size, null_block_id, SPEC_QUERY_LEN: tl.constexpr, ALIGN: tl.constexpr,
+                      HAS_REQUEST_INDICES: tl.constexpr):
+    """The stock plan (docs/design.md §6) of batch rows ``rows`` (a scalar or a vector, where
+    ``in_batch``): ``(slot, commit_lens, final, boundary, recovery)``, int32, as the plan
+    columns hold them. With ``HAS_REQUEST_INDICES``, a row's accepted count, ``num_computed``
+    and block-table row are those of request ``request_indices[b]``."""
     if HAS_REQUEST_INDICES:
         requests = tl.load(request_indices_ptr + rows, mask=in_batch, other=0)
     else:
@@ -69,18 +96,9 @@ def _commit_plan_kernel(
         recovery = tl.where(has_boundary, next_boundary - computed, 0).to(tl.int32)
     else:
         final = slot
-        boundary = tl.full((BLOCK,), null_block_id, tl.int32)
-        recovery = tl.zeros((BLOCK,), tl.int32)
-    lens = tl.where(valid, n, 0)
-    if DEFER:
-        lens = tl.where(defer_rows(rows, in_batch, slot, lens, record_rows_ptr, pending_ptr, eager_ptr, null_block_id,
-                                   HAS_EAGER), 0, lens)
-    tl.store(commit_lens_ptr + rows, lens, mask=in_batch)
-    tl.store(final_state_indices_ptr + rows, tl.where(valid, final, null_block_id), mask=in_batch)
-    tl.store(boundary_state_indices_ptr + rows, boundary, mask=in_batch)
-    tl.store(boundary_recovery_lens_ptr + rows, recovery, mask=in_batch)
-    if WRITES_SLOT_ROWS:
-        tl.store(slot_rows_ptr + rows, slot, mask=in_batch)
+        boundary = slot * 0 + null_block_id
+        recovery = slot * 0
+    return slot, tl.where(valid, n, 0), tl.where(valid, final, null_block_id), boundary, recovery
 
 
 @triton.jit
@@ -206,6 +224,21 @@ def kda_recoverssm_plan_deferred(plan: CommitPlan, num_accepted, query_start_loc
     check_pending_args(state_indices, record_rows, pending, plan, eager)
     return _launch_plan(plan, B, num_accepted, query_start_loc, state_indices, spec_query_len, block_table,
                         num_computed, block_size, defer=(record_rows, pending, eager))
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """A commit context's plan inputs, as ``plan_per_request`` takes them: int32
+    ``num_accepted`` per request, ``query_start_loc [B+1]``, ``request_indices [B]`` (or None:
+    request ``b``), and in align mode ``block_table [requests, width]``, ``num_computed`` per
+    request and ``block_size`` (else all None)."""
+
+    num_accepted: torch.Tensor
+    query_start_loc: torch.Tensor
+    request_indices: torch.Tensor | None
+    block_table: torch.Tensor | None
+    num_computed: torch.Tensor | None
+    block_size: int | None
 
 
 def plan_per_request(plan: CommitPlan, num_accepted, query_start_loc, state_indices, spec_query_len,

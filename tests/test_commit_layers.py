@@ -219,9 +219,9 @@ def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lo
 
 
 COMMIT_DESIGNS = [f"commit-layers={design}" for design in kernels.launch.DESIGNS["commit-layers"]] + [
-    "commit-layers=one-launch,commit-context=conv-apart"]
-"""Every design of the state commit, and the conv windows in a launch of their own beside the
-one launch."""
+    f"commit-layers=one-launch,commit-context={design}" for design in kernels.launch.DESIGNS["commit-context"]]
+"""Every design of the state commit, and beside the one launch every place of the conv
+windows and the plan."""
 
 CASES = [
     pytest.param(1, torch.float32, False, True, -5.0, 4, id="L1-fp32-stock"),
