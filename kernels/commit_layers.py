@@ -12,8 +12,9 @@ graph). Designs (``kernels.launch.commit_layers_design``):
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
   its state.
 
-A commit context's conv compaction runs as one more V-tile column of the one launch
-(``commit-context`` design ``conv-in-commit``), or in a launch of its own ahead of the
+A commit context's conv compaction runs as one more V-tile column of the one launch, whose
+programs also plan their own rows (``commit-context`` design ``plan-in-commit``; the plan in
+a launch ahead with ``conv-in-commit``), or in a launch of its own between the plan's and the
 state commit (``conv-apart``, and wherever the state commit is ``per-layer``).
 """
 

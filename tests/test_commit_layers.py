@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+import kernels.commit_layers
 import kernels.launch
 from kernels.commit_context import CommitLayer, KDARecoverSSMCommitContext
 from kernels.reference_context import ReferenceCommitContext
@@ -246,6 +247,19 @@ def test_two_rounds_match_reference(device, monkeypatch, designs, L, state_dtype
 def test_kimi_k3_shapes(device, align, T):
     run_two_rounds(device, L=4, H=12, K=128, V=128, T=T, state_dtype=torch.float32, align=align,
                    conv_dim_first=True, lower_bound=-5.0, dim=3 * 12 * 128, history=3)
+
+
+def test_the_context_plans_inside_the_one_launch(device, monkeypatch):
+    """Under the decision table the one launch plans its own rows: no plan launch runs, and
+    the plan columns it stores match the reference's (``check_round``)."""
+    def no_plan_launch(*args, **kwargs):
+        raise AssertionError("a plan launch ran ahead of the one launch")
+
+    monkeypatch.delenv(kernels.launch.DESIGN_ENV, raising=False)
+    monkeypatch.setattr(kernels.commit_layers, "plan_per_request", no_plan_launch)
+    assert kernels.launch.commit_context_design() == "plan-in-commit"
+    run_two_rounds(device, L=2, H=2, K=16, V=32, T=3, state_dtype=torch.float32, align=True, conv_dim_first=True,
+                   lower_bound=-5.0)
 
 
 def test_buffers_off_16_byte_boundaries_commit_alike(device, monkeypatch):
