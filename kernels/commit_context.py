@@ -4,9 +4,10 @@ layer (docs/design.md §10).
 ``KDARecoverSSMCommitContext.create`` is called once, over the model's layers; it checks their
 buffers and builds the device tables and the plan buffers. ``commit`` then launches,
 allocating and synchronising nothing (a step can be captured in a CUDA graph), the plan
-(accepted counts read through ``request_indices``; align mode with boundary states), then
-the conv-state compaction and the state commit of every layer: in one launch where the
-state commit is one launch for all layers, else the compaction first. A layer's records are
+(accepted counts read through ``request_indices``; align mode with boundary states), the
+conv-state compaction and the state commit of every layer: all three in one launch where
+the state commit is one launch for all layers (the plan still stored to ``plan``), else
+the plan, the compaction and a commit a layer. A layer's records are
 kept per state slot, as the engine's verify writes them: row ``b`` folds the records of its
 source slot.
 """
