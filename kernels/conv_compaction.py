@@ -61,11 +61,11 @@ def compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride
                           final, boundary, recovery, layer, first_channel, end_channel, history, null_slot,
                           BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr, CHUNKS: tl.constexpr):
     """A row's compaction on layer ``layer``, channels ``first_channel`` up to
-    ``end_channel`` in ``CHUNKS`` chunks of ``BLOCK_DIM``, given its plan
-    (``kernels.commit_row.row_plan_columns``): a row that commits (``n > 0``, real source and final slots)
-    copies its source's entries ``n - 1 + j`` to the final slot's ``j``, and ``R - 1 + j`` to
-    a real boundary slot's ``j``, ``j < history``. In each chunk every load precedes every
-    store (the source may be either destination)."""
+    ``end_channel`` in ``CHUNKS`` chunks of ``BLOCK_DIM``, given its plan columns and source
+    slot (``kernels.commit_row.row_plan_columns``): a row that commits (``n > 0``, real
+    source and final slots) copies its source's entries ``n - 1 + j`` to the final slot's
+    ``j``, and ``R - 1 + j`` to a real boundary slot's ``j``, ``j < history``. In each chunk
+    every load precedes every store (the source may be either destination)."""
     source = source.to(tl.int64)
     final = final.to(tl.int64)
     if (source > null_slot) & (n > 0) & (final > null_slot):
