@@ -15,6 +15,7 @@ no value is checked; ``pytest -m gpu`` does that. Exit status 0 when every launc
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
 import subprocess
@@ -82,12 +83,13 @@ from tests.kernel_problems import make_problem  # noqa: E402
 launch.Target.of = staticmethod(lambda device: launch.H200)
 kernels.dependent_launch.is_hopper_or_later = lambda device: True
 
-# every design of each op at least once, the ops side by side; commit-layers' in reverse, so
-# that the commit context's designs after the first run beside the one launch they change
+# every design of each op at least once, the ops side by side; every design of a commit of
+# several layers with every design of the commit context (which changes its one launch)
+_LAYER_PAIRS = list(itertools.product(launch.DESIGNS["commit-layers"], launch.DESIGNS["commit-context"]))
 DESIGN_SETS = [
-    {op: (designs[::-1] if op == "commit-layers" else designs)[min(i, len(designs) - 1)]
-     for op, designs in launch.DESIGNS.items()}
-    for i in range(max(len(designs) for designs in launch.DESIGNS.values()))
+    {**{op: designs[min(i, len(designs) - 1)] for op, designs in launch.DESIGNS.items()},
+     "commit-layers": layers, "commit-context": context}
+    for i, (layers, context) in enumerate(_LAYER_PAIRS)
 ]
 
 

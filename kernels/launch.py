@@ -30,7 +30,7 @@ DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
-    "commit-layers": ("one-launch", "per-layer"),
+    "commit-layers": ("one-launch", "per-layer", "one-launch-read-ahead"),
     "commit-context": ("conv-apart", "conv-in-commit", "plan-in-commit"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""

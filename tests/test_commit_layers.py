@@ -18,7 +18,10 @@ import torch
 
 import kernels.commit_layers
 import kernels.launch
+from kernels import reference as ref
+from kernels.buffers import CommitPlan, KDARecoverSSMRecords, allocate_records
 from kernels.commit_context import CommitLayer, KDARecoverSSMCommitContext
+from kernels.commit_layers import LayerBuffers, LayerTables, kda_recoverssm_commit_layers
 from kernels.reference_context import ReferenceCommitContext
 from tests.kernel_problems import rel_rmse, same_bits, within_rounding
 from tests.seeds import fresh_seed
@@ -220,9 +223,10 @@ def run_two_rounds(device, L, H, K, V, T, state_dtype, align, conv_dim_first, lo
 
 
 COMMIT_DESIGNS = [f"commit-layers={design}" for design in kernels.launch.DESIGNS["commit-layers"]] + [
-    f"commit-layers=one-launch,commit-context={design}" for design in kernels.launch.DESIGNS["commit-context"]]
-"""Every design of the state commit, and beside the one launch every place of the conv
-windows and the plan."""
+    f"commit-layers=one-launch,commit-context={design}" for design in kernels.launch.DESIGNS["commit-context"]] + [
+    "commit-layers=one-launch-read-ahead,commit-context=conv-in-commit"]
+"""Every design of the state commit, beside the one launch every place of the conv windows
+and the plan, and the one launch reading ahead of a plan it reads from memory."""
 
 CASES = [
     pytest.param(1, torch.float32, False, True, -5.0, 4, id="L1-fp32-stock"),
@@ -247,6 +251,42 @@ def test_two_rounds_match_reference(device, monkeypatch, designs, L, state_dtype
 def test_kimi_k3_shapes(device, align, T):
     run_two_rounds(device, L=4, H=12, K=128, V=128, T=T, state_dtype=torch.float32, align=align,
                    conv_dim_first=True, lower_bound=-5.0, dim=3 * 12 * 128, history=3)
+
+
+@pytest.mark.parametrize("design", kernels.launch.DESIGNS["commit-layers"])
+def test_a_plan_row_without_tokens_stores_nothing(device, monkeypatch, design):
+    """A plan row with a real final slot and a count of 0 (kda's plans never write one, an
+    engine's own may) leaves the row untouched, as ``CommitPlan`` says, under every design: ``one-launch-read-ahead``
+    reads such a row's tile and records before its count arrives, and must not store them.
+    The row beside it, with tokens, matches the float64 reference."""
+    monkeypatch.setenv(kernels.launch.DESIGN_ENV, f"commit-layers={design}")
+    N, H, K, V, T = 5, 2, 16, 32, 3
+    gen = torch.Generator().manual_seed(fresh_seed())
+    layers, layers64 = [], []
+    for _ in range(2):
+        state = torch.randn(N, H, V, K, generator=gen)
+        records = allocate_records(N, H, T, K, V, torch.float32, "cpu")
+        records.key_gate.copy_(torch.randn(records.key_gate.shape, generator=gen))
+        records.correction.copy_(torch.randn(records.correction.shape, generator=gen))
+        A_log, dt_bias = torch.rand(H, generator=gen).log(), torch.randn(H * K, generator=gen) * 0.5
+        layers.append(LayerBuffers(state.to(device), KDARecoverSSMRecords(records.correction.to(device),
+                                                                           records.key_gate.to(device)),
+                                   A_log.to(device), dt_bias.to(device)))
+        layers64.append((state.double(), KDARecoverSSMRecords(records.correction.double(), records.key_gate.double()),
+                         A_log, dt_bias))
+    as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    # row 0: slot 1, no tokens, final slot 2; row 1: slot 3, two tokens folded in place
+    state_indices, record_indices = as_int32([1, 3]), as_int32([1, 3])
+    plan = CommitPlan(as_int32([0, 2]), as_int32([2, 3]), as_int32([0, 0]), as_int32([0, 0]))
+    before = [layer.checkpoint_state.clone() for layer in layers]
+    kda_recoverssm_commit_layers(LayerTables.of(layers), -5.0, state_indices, plan, record_indices)
+    for layer, (state64, records64, A_log, dt_bias), old in zip(layers, layers64, before):
+        ref.kda_recoverssm_commit(state64, records64, A_log, dt_bias, -5.0, state_indices.cpu(),
+                                  CommitPlan(*(column.cpu() for column in vars(plan).values())),
+                                  record_indices.cpu())
+        untouched = [0, 1, 2, 4]
+        assert same_bits(layer.checkpoint_state[untouched], old[untouched]), "a slot the plan folds nothing into"
+        assert rel_rmse(layer.checkpoint_state[3], state64[3]) <= FP32_RMSE
 
 
 def test_the_context_plans_inside_the_one_launch(device, monkeypatch):
