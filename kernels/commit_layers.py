@@ -116,18 +116,17 @@ def _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bou
     has a slot and a record row, so that no load waits for the count ``n``; what is stored
     is the same (nothing unless ``n > 0``)."""
     if READ_AHEAD:
-        if (source > null_slot) & (rec >= 0):
-            fold_slot_tile(_layer_buffer(*states, layer, ALIGNED), _layer_buffer(*key_gates, layer, ALIGNED),
-                           _layer_buffer(*corrections, layer, ALIGNED), _layer_buffer(*A_logs, layer, False),
-                           _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, T, source,
-                           final, has_final & (n > 0), boundary, has_boundary, recovery, H, K, V, T, BK, BV,
-                           HAS_LOWER_BOUND, True)
+        reads = (source > null_slot) & (rec >= 0)
+        read_count = T
+        has_final = has_final & (n > 0)
     else:
-        if folds:
-            fold_slot_tile(_layer_buffer(*states, layer, ALIGNED), _layer_buffer(*key_gates, layer, ALIGNED),
-                           _layer_buffer(*corrections, layer, ALIGNED), _layer_buffer(*A_logs, layer, False),
-                           _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, n, source, final,
-                           has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True)
+        reads = folds
+        read_count = n
+    if reads:
+        fold_slot_tile(_layer_buffer(*states, layer, ALIGNED), _layer_buffer(*key_gates, layer, ALIGNED),
+                       _layer_buffer(*corrections, layer, ALIGNED), _layer_buffer(*A_logs, layer, False),
+                       _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, read_count, source,
+                       final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True)
 
 
 @triton.jit
