@@ -64,6 +64,10 @@ def _layer(kv, A_log, dt_bias, H, K, lower_bound) -> CommitLayer:
     return CommitLayer(tuple(kv), A_log, dt_bias, H, K, lower_bound)
 
 
+def as_int32(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
 def _nan_buffer(device, shape, dtype=torch.float32, misaligned: bool = False) -> torch.Tensor:
     """A NaN-filled tensor, or with ``misaligned`` a view one element into its storage (off a
     16-byte boundary)."""
@@ -142,8 +146,8 @@ def make_batch(device, T, slots: list[int], align_slots: list[list[int]] | None,
         align = dict(block_table=torch.tensor(table, dtype=torch.int32, device=device),
                      num_computed_tokens=torch.tensor(computed, dtype=torch.int32, device=device),
                      mamba_block_size=block_size)
-    as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
-    return Batch(as_int32(per_request), as_int32(sources), as_int32(qsl), as_int32(requests) if by_request else None,
+    return Batch(as_int32(per_request, device), as_int32(sources, device), as_int32(qsl, device),
+                 as_int32(requests, device) if by_request else None,
                  lengths, align)
 
 
@@ -274,10 +278,9 @@ def test_a_plan_row_without_tokens_stores_nothing(device, monkeypatch, design):
                                    A_log.to(device), dt_bias.to(device)))
         layers64.append((state.double(), KDARecoverSSMRecords(records.correction.double(), records.key_gate.double()),
                          A_log, dt_bias))
-    as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
     # row 0: slot 1, no tokens, final slot 2; row 1: slot 3, two tokens folded in place
-    state_indices, record_indices = as_int32([1, 3]), as_int32([1, 3])
-    plan = CommitPlan(as_int32([0, 2]), as_int32([2, 3]), as_int32([0, 0]), as_int32([0, 0]))
+    state_indices, record_indices = as_int32([1, 3], device), as_int32([1, 3], device)
+    plan = CommitPlan(*(as_int32(column, device) for column in ([0, 2], [2, 3], [0, 0], [0, 0])))
     before = [layer.checkpoint_state.clone() for layer in layers]
     kda_recoverssm_commit_layers(LayerTables.of(layers), -5.0, state_indices, plan, record_indices)
     for layer, (state64, records64, A_log, dt_bias), old in zip(layers, layers64, before):
