@@ -10,9 +10,7 @@ graph). Designs (``kernels.launch.commit_layers_design``):
   tiles under a register cap (``kernels.launch.commit_layers_config``), where one layer's
   commit would leave SMs idle;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
-  its state;
-- ``one-launch-read-ahead``: the one launch reading a row's state tile and all ``T`` of
-  its records once its slot and record row are known, while its count is still on the way.
+  its state.
 
 A commit context's conv compaction runs as one more V-tile column of the one launch, whose
 programs also plan their own rows (``commit-context`` design ``plan-in-commit``; the plan in
@@ -104,29 +102,18 @@ def _layer_buffer(first, offsets, layer, ALIGNED: tl.constexpr):
 
 @triton.jit
 def _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound, n, source, rec, folds, final,
-                    has_final, boundary, has_boundary, recovery, pid_v, h, layer, null_slot, H: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    HAS_LOWER_BOUND: tl.constexpr, ALIGNED: tl.constexpr, READ_AHEAD: tl.constexpr):
+                    has_final, boundary, has_boundary, recovery, pid_v, h, layer, H: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    HAS_LOWER_BOUND: tl.constexpr, ALIGNED: tl.constexpr):
     """The commit token loop's program (``fold_slot_tile``) of V-tile ``pid_v``, head ``h``
     and a row planned as ``planned_row`` gives it, on layer ``layer``'s buffers, its offsets
     read once the row is known to fold; an align row's boundary tile is stored by the token
-    that reaches it (fewer registers a program than holding it to the end).
-
-    With ``READ_AHEAD`` the offsets, the tile and all ``T`` records are read wherever the row
-    has a slot and a record row, so that no load waits for the count ``n``; what is stored
-    is the same (nothing unless ``n > 0``)."""
-    if READ_AHEAD:
-        reads = (source > null_slot) & (rec >= 0)
-        read_count = T
-        has_final = has_final & (n > 0)
-    else:
-        reads = folds
-        read_count = n
-    if reads:
+    that reaches it (fewer registers a program than holding it to the end)."""
+    if folds:
         fold_slot_tile(_layer_buffer(*states, layer, ALIGNED), _layer_buffer(*key_gates, layer, ALIGNED),
                        _layer_buffer(*corrections, layer, ALIGNED), _layer_buffer(*A_logs, layer, False),
-                       _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, read_count, source,
-                       final, has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True)
+                       _layer_buffer(*dt_biases, layer, ALIGNED), lower_bound, pid_v, h, rec, n, n, source, final,
+                       has_final, boundary, has_boundary, recovery, H, K, V, T, BK, BV, HAS_LOWER_BOUND, True)
 
 
 @triton.jit
@@ -138,7 +125,7 @@ def _commit_layers_token_loop_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_LOWER_BOUND: tl.constexpr, HAS_RECORD_INDICES: tl.constexpr, ALIGNED: tl.constexpr, HAS_CONV: tl.constexpr,
     CONV_BLOCK: tl.constexpr, CONV_HISTORY: tl.constexpr, CONV_CHUNKS: tl.constexpr, PLAN_IN_LAUNCH: tl.constexpr,
-    ALIGN: tl.constexpr, HAS_REQUEST_INDICES: tl.constexpr, READ_AHEAD: tl.constexpr, DEPENDENT: tl.constexpr,
+    ALIGN: tl.constexpr, HAS_REQUEST_INDICES: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Per (V-tile, head, layer x row): ``_fold_layer_row``. Each of ``states`` ...
     ``dt_biases`` is a pair (layer 0's tensor, ``LayerTables`` offsets); program axis 2 is
@@ -177,11 +164,11 @@ def _commit_layers_token_loop_kernel(
         else:
             _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound,
                             *planned_row(commit_len, source, rec, final, boundary, recovery, null_slot, T), pid_v, h,
-                            layer, null_slot, H, K, V, T, BK, BV, HAS_LOWER_BOUND, ALIGNED, READ_AHEAD)
+                            layer, H, K, V, T, BK, BV, HAS_LOWER_BOUND, ALIGNED)
     else:
         _fold_layer_row(states, key_gates, corrections, A_logs, dt_biases, lower_bound,
                         *planned_row(commit_len, source, rec, final, boundary, recovery, null_slot, T), pid_v, h,
-                        layer, null_slot, H, K, V, T, BK, BV, HAS_LOWER_BOUND, ALIGNED, READ_AHEAD)
+                        layer, H, K, V, T, BK, BV, HAS_LOWER_BOUND, ALIGNED)
 
 
 def kda_recoverssm_commit_layers(tables: LayerTables, lower_bound, state_indices, plan: CommitPlan,
@@ -210,7 +197,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
         return
     T = first.records.spec_query_len
     target = Target.of(first.checkpoint_state.device)
-    design = commit_layers_design(B, H, V, T, target)
+    design = commit_layers_design(B, H, V, T, target, conv=conv is not None)
     context_design = "conv-apart" if design == "per-layer" else commit_context_design()
     plan_in_launch = requests is not None and context_design == "plan-in-commit"
     if requests is not None and not plan_in_launch:
@@ -236,8 +223,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
         0.0 if lower_bound is None else float(lower_bound), state_indices, record_indices, plan_rows, B,
         state_indices.stride(0), NULL_BLOCK_ID, *conv_args, *request_args, H=H, K=K, V=V, T=T, BK=cfg.block_k,
         BV=cfg.block_v, HAS_LOWER_BOUND=lower_bound is not None, HAS_RECORD_INDICES=record_indices is not None,
-        ALIGNED=tables.aligned, **conv_options, **request_options, READ_AHEAD=design == "one-launch-read-ahead",
-        **dependent_launch(first.checkpoint_state.device),
+        ALIGNED=tables.aligned, **conv_options, **request_options, **dependent_launch(first.checkpoint_state.device),
         num_warps=cfg.num_warps, num_stages=1, maxnreg=cfg.max_registers,
     )
 

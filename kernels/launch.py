@@ -30,7 +30,7 @@ DESIGNS = {
     "verify": ("token-loop", "one-pass", "two-kernels"),
     "flush-verify": ("flush-apart", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
-    "commit-layers": ("one-launch", "per-layer", "one-launch-read-ahead"),
+    "commit-layers": ("one-launch", "per-layer"),
     "commit-context": ("conv-apart", "conv-in-commit", "plan-in-commit"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
@@ -69,12 +69,14 @@ def _cuda_target(index: int) -> Target:
 @dataclass(frozen=True)
 class Key:
     """What a rule reads: ``pairs`` (batch rows x heads) scaled to the tuned GPU's SM count
-    (the same pairs per SM), the window ``T``, the value head dim ``V`` and the target."""
+    (the same pairs per SM), the window ``T``, the value head dim ``V``, the target, and for
+    a commit of several layers whether conv windows are compacted beside it (``conv``)."""
 
     pairs: float
     T: int
     V: int
     target: Target
+    conv: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ _COMMIT_LAYERS_RULES = (
          "8-row tiles of every layer in one launch, loads vectorised, beat a launch a layer to B=32 at T=8"),
     Rule("one-launch", lambda key: key.T <= 4 and key.pairs * key.T ** 2 <= 49152,
          "short windows: the one launch streams at 92-93 % of copy to B=256 at T=4, a launch a layer at 84-86 %"),
+    Rule("one-launch", lambda key: key.conv and key.pairs * key.T ** 2 <= 49152,
+         "a commit context: a launch a layer needs the conv windows in a launch of their own, which the one launch "
+         "hides in its own (B=64 at T=8: 0.89x on an H200 at L=24)"),
     Rule("per-layer", _always, "one layer's commit already streams the state: a launch a layer, each its own design"),
 )
 
@@ -171,9 +176,9 @@ def choose_design(op: str, key: Key) -> str:
     return forced_designs().get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
 
 
-def _key(batch: int, heads: int, head_v_dim: int, spec_query_len: int, target: Target) -> Key:
+def _key(batch: int, heads: int, head_v_dim: int, spec_query_len: int, target: Target, conv: bool = False) -> Key:
     pairs = batch * heads * _TUNED_SM_COUNT / target.sm_count
-    return Key(pairs, spec_query_len, head_v_dim, target)
+    return Key(pairs, spec_query_len, head_v_dim, target, conv)
 
 
 def fold_depth(block_t: int) -> int:
@@ -313,10 +318,10 @@ def commit_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
 
 
 def commit_layers_design(batch: int, heads: int, head_v_dim: int, spec_query_len: int,
-                         target: Target = H200) -> str:
+                         target: Target = H200, conv: bool = False) -> str:
     """How a commit of several layers runs (``DESIGNS["commit-layers"]``), from one layer's
-    shape: the whole choice is whether a single layer would run the token loop."""
-    return choose_design("commit-layers", _key(batch, heads, head_v_dim, spec_query_len, target))
+    shape and whether a commit context compacts conv windows beside it (``conv``)."""
+    return choose_design("commit-layers", _key(batch, heads, head_v_dim, spec_query_len, target, conv))
 
 
 def commit_context_design() -> str:
