@@ -5,7 +5,8 @@
 # table's designs and again under the variant (`benchmarks/variants/forced.py`); then `kda
 # bench` at k3-tp8 (fp32 state, CUDA graphs), T=8 and 4, L=24 and L=1: `commit-layers` and
 # `commit-context`, the shipped kernels beside the variant's in one run. Results to $OUT:
-# pytest-tables.txt, pytest-NAME.txt, NAME-L24.json, NAME-L1.json.
+# pytest-tables.txt, pytest-NAME.txt, NAME-L24.json, NAME-L1.json. BATCHES (default
+# 1,8,32,64,256) names the batch sizes.
 # Exit status: non-zero if a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,7 +28,7 @@ KDA_VARIANT="$VARIANT" timeout -s TERM 150 python3 -m pytest -m gpu -q -p no:cac
 note "pytest ($NAME)" $?
 tail -n 2 "$OUT/pytest-$NAME.txt"
 for L in 24 1; do
-    timeout -s TERM 120 python3 -m kda_cli bench --spec-len 8,4 --batch 1,8,32,64,256 --layers "$L" \
+    timeout -s TERM 150 python3 -m kda_cli bench --spec-len 8,4 --batch "${BATCHES:-1,8,32,64,256}" --layers "$L" \
         --ops commit-layers,commit-context --impl "triton,$VARIANT" \
         --row-seconds 0.12 --reps 20 --force --save "$OUT/$NAME-L$L.json" 2> /dev/null | tail -n 24
     note "bench L=$L" "${PIPESTATUS[0]}"
