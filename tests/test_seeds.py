@@ -46,8 +46,8 @@ def test_a_quiet_passing_run_still_prints_its_seed(tmp_path):
 
 
 def test_the_workers_of_pytest_n_draw_from_the_seed_the_run_prints(tmp_path):
-    """Under ``pytest -n 2`` (the README's command) each worker draws from the base seed of
-    the closing summary, so that seed replays a failure in a run without ``-n``."""
+    """Under ``pytest -n 2 --dist worksteal`` (the README's command) each worker draws from the
+    base seed of the closing summary, so that seed replays a failure in a run without ``-n``."""
     pytest.importorskip("xdist")
     (tmp_path / "test_draws.py").write_text(
         "import pytest\n"
@@ -56,7 +56,7 @@ def test_the_workers_of_pytest_n_draw_from_the_seed_the_run_prints(tmp_path):
         "def test_draws(n):\n"
         "    print('drew', n, fresh_seed())\n"
         "    assert False\n")
-    out = _run(tmp_path, None, options=("-n", "2"))
+    out = _run(tmp_path, None, options=("-n", "2", "--dist", "worksteal"))
     base = re.search(r"^test seeds: KDA_TEST_SEED=(\d+) ", out, re.MULTILINE)
     assert base, out
     reported = set(re.findall(r"KDA_TEST_SEED=(\d+) reproduces", out))
