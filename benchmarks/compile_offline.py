@@ -32,6 +32,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -66,7 +67,8 @@ def _compile_instead_of_launch(fn: JITFunction, *args, grid, warmup, **kwargs):
     if key not in _compiled:
         options, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
         start = time.perf_counter()
-        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+        source = GluonASTSource if fn.is_gluon() else ASTSource
+        kernel = triton.compile(source(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
         _compiled.add(key)
         detail = f"; {resources(kernel.asm['cubin'])}" if RESOURCES else ""
         print(f"  {fn.fn.__name__}: {time.perf_counter() - start:.1f} s{detail}", flush=True)
