@@ -193,17 +193,18 @@ def launch_triton(p: Problem, product: bool, rows: int = BV, warps: int = 2, sta
                                                   BM=BM, STAGES=stages, PRODUCT=product, num_warps=warps)
 
 
-def launch_gluon(p: Problem, ctas_per_sm: int, sms: int, stages: int) -> None:
-    """``ctas_per_sm`` programs an SM, each under the register budget that lets them reside."""
-    s_layout = gl.NVMMASharedLayout.get_default_for([BV, BKK], gl.float32)
+def launch_gluon(p: Problem, ctas_per_sm: int, sms: int, stages: int, rows: int = BV) -> None:
+    """``ctas_per_sm`` programs an SM, each under the register budget that lets them reside,
+    on tiles of ``rows`` state rows."""
+    s_layout = gl.NVMMASharedLayout.get_default_for([rows, BKK], gl.float32)
     o_layout = gl.NVMMASharedLayout.get_default_for([BM, BKK], gl.float32)
-    state_desc = TensorDescriptor(p.state, [p.state.numel() // K, K], [K, 1], [BV, BKK], s_layout)
+    state_desc = TensorDescriptor(p.state, [p.state.numel() // K, K], [K, 1], [rows, BKK], s_layout)
     hi_desc = TensorDescriptor(p.op_hi, [p.op_hi.numel() // K, K], [K, 1], [BM, BKK], o_layout)
     lo_desc = TensorDescriptor(p.op_lo, [p.op_lo.numel() // K, K], [K, 1], [BM, BKK], o_layout)
-    num_tiles = p.batch * H * (V // BV)
+    num_tiles = p.batch * H * (V // rows)
     max_registers = min(255, 65536 // (ctas_per_sm * 256) // 8 * 8)  # two warp groups a program
     _gluon_ws_kernel[(min(ctas_per_sm * sms, num_tiles), )](
-        state_desc, hi_desc, lo_desc, p.y, p.slots, num_tiles, H=H, V=V, K=K, BV=BV, BKK=BKK, BM=BM, STAGES=stages,
+        state_desc, hi_desc, lo_desc, p.y, p.slots, num_tiles, H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM, STAGES=stages,
         num_warps=4, maxnreg=max_registers)
 
 
@@ -249,9 +250,10 @@ def run_gpu(batches: list[int]) -> int:
     for rows, warps, stages in [(64, 4, 3), (128, 4, 3), (64, 2, 4)]:
         variants.append((f"triton-loop {rows}r {warps}w s{stages}",
                          lambda p, r=rows, w=warps, s=stages: launch_triton(p, True, r, w, s), True))
-    for cta, stages in [(1, 8), (2, 4), (2, 6), (3, 4)]:
-        variants.append((f"gluon-ws x{cta} s{stages}", lambda p, c=cta, s=stages: launch_gluon(p, c, sms, s), True))
-    print(f"{'variant':<22} {'B':>4} {'us':>9} {'state GB/s':>11} {'% copy':>7} {'rel err':>9}")
+    for cta, stages, rows in [(1, 8, 64), (2, 4, 64), (2, 6, 64), (3, 4, 64), (1, 6, 128), (2, 4, 128)]:
+        variants.append((f"gluon-ws {rows}r x{cta} s{stages}",
+                         lambda p, c=cta, s=stages, r=rows: launch_gluon(p, c, sms, s, r), True))
+    print(f"{'variant':<24} {'B':>4} {'us':>9} {'state GB/s':>11} {'% copy':>7} {'rel err':>9}")
     problems = {batch: Problem(batch, "cuda", seed=batch) for batch in batches}
     # the Triton variants and the shipped verify first: a Gluon kernel that hung would stop the rest
     for gluon_group in (False, True):
@@ -269,15 +271,15 @@ def run_gpu(batches: list[int]) -> int:
                         failures += 1
                     us = graph_median_us(lambda i: fn(p.use(i)))
                 except Exception as e:  # noqa: BLE001 - a probe reports every variant
-                    print(f"{name:<22} {batch:>4} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    print(f"{name:<24} {batch:>4} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                     failures += 1
                     continue
                 # bytes: the state read, plus Y written (and the operands, from L2 mostly)
                 gbs = (p.state_bytes() + p.y.numel() * 4) / us / 1e3
-                print(f"{name:<22} {batch:>4} {us:>9.2f} {gbs:>11.0f} {100 * gbs / copy_gbs:>6.1f}% {err:>9.2e}",
+                print(f"{name:<24} {batch:>4} {us:>9.2f} {gbs:>11.0f} {100 * gbs / copy_gbs:>6.1f}% {err:>9.2e}",
                       flush=True)
             if not gluon_group:
-                print(f"{'shipped verify':<22} {batch:>4} {shipped_verify_us(batch):>9.2f}", flush=True)
+                print(f"{'shipped verify':<24} {batch:>4} {shipped_verify_us(batch):>9.2f}", flush=True)
     return 1 if failures else 0
 
 
@@ -302,8 +304,8 @@ def run_offline() -> int:
         p = Problem(batch, "cpu")
         launch_triton(p, True)
         launch_triton(p, False)
-        for ctas_per_sm, stages in [(1, 8), (2, 6), (3, 4)]:
-            launch_gluon(p, ctas_per_sm, 132, stages)
+        for ctas_per_sm, stages, rows in [(1, 8, 64), (2, 6, 64), (3, 4, 64), (2, 4, 128)]:
+            launch_gluon(p, ctas_per_sm, 132, stages, rows)
     return 0
 
 
