@@ -1,6 +1,7 @@
 """How fast can the verify's state read run, product included? A probe, not a kernel of kda.
 
 usage: python3 benchmarks/variants/state_stream_probe.py [--offline [--resources]] [--batches 64,128,256]
+                                                        [--only TEXT]
 
 The stock verify's state kernel (``kernels/verify_two_kernels.py``) spends its time in one loop:
 ``Y[v, m] = sum_k S[slot, h, v, k] * operand[b, h, m, k]`` over each (V-tile, head, row), the
@@ -17,6 +18,10 @@ at k3-tp8 (H=12, K=V=128, T=8: ``BM=16``), fp32 state, every row on a slot of it
   ``STAGES`` state blocks in flight through TMA (mbarriers), one warp group folds them with
   ``wgmma`` in split tf32 (the state block split in registers, the operand's two halves
   split on the host: in a kernel of kda the key side would write them);
+- ``triton-flush``, ``gluon-flush``: the flushing state kernel's loop (each block folded with
+  the pending corrections, ``S decay + C fold``, stored in place, then the product): Triton on
+  the shipped flushing tiles (32 rows, one warp, 168 registers), and the Gluon kernel folding
+  in fp32 FMAs and writing each block back from its ring slot by TMA;
 - ``copy``: a device-to-device copy, the ceiling;
 - ``shipped verify``: the whole stock verify of kda (key side, state kernel, epilogue) at the
   same batch, T=8, lower bound -5, bf16 activations, for scale.
@@ -38,10 +43,12 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 H, K, V, BM = 12, 128, 128, 16
+F = 8  # pending tokens folded by a flush (T=8); the Triton dot pads them to 16
 BV, BKK = 64, 32
 
 
@@ -153,6 +160,137 @@ def _gluon_ws_kernel(state_desc, hi_desc, lo_desc, y_ptr, slots_ptr, num_tiles, 
     ], [1], [40])
 
 
+@triton.jit
+def _triton_flush_kernel(state_ptr, operand_ptr, fold_ptr, decay_ptr, correction_ptr, y_ptr, slots_ptr,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BKK: tl.constexpr,
+                         BM: tl.constexpr, F: tl.constexpr, STAGES: tl.constexpr):
+    """The flushing loop: each block folded (``S decay + C fold``), stored in place, then
+    ``Y += S operand^T``; ``C [BV, F]`` the tile's corrections, ``fold [F, K]``, ``decay [K]``."""
+    pid_v, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    pair = (b * H + h).to(tl.int64)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    offs_m = tl.arange(0, BM)
+    offs_f = tl.arange(0, F)
+    C = tl.load(correction_ptr + (pair * F + offs_f[None, :]) * V + offs_v[:, None])
+    rows = state_ptr + ((slot * H + h) * V + offs_v[:, None]) * K
+    Y = tl.zeros((BV, BM), tl.float32)
+    for k0 in tl.range(0, K, BKK, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BKK)
+        S = tl.load(rows + offs_k[None, :])
+        fold = tl.load(fold_ptr + (pair * F + offs_f[:, None]) * K + offs_k[None, :])
+        decay = tl.load(decay_ptr + pair * K + offs_k)
+        S = tl.dot(C, fold, S * decay[None, :], input_precision="tf32x3")
+        tl.store(rows + offs_k[None, :], S)
+        operand = tl.load(operand_ptr + (pair * BM + offs_m[None, :]) * K + offs_k[:, None])
+        Y = tl.dot(S, operand, Y, input_precision="tf32x3")
+    tl.store(y_ptr + ((pair * V + offs_v[:, None]) * BM + offs_m[None, :]), Y)
+
+
+@gluon.jit
+def _gluon_flush_loader(state_desc, hi_desc, lo_desc, fold_desc, decay_desc, slots_ptr, s_ring, hi_ring, lo_ring,
+                        fold_ring, decay_ring, ready, empty, num_tiles, H: gl.constexpr, V: gl.constexpr,
+                        K: gl.constexpr, BV: gl.constexpr, BKK: gl.constexpr, BM: gl.constexpr, F: gl.constexpr,
+                        STAGES: gl.constexpr):
+    """The loading warp of the flushing loop: state, operand halves, fold and decay blocks."""
+    VT: gl.constexpr = V // BV
+    nbytes: gl.constexpr = (state_desc.block_type.nbytes + 2 * hi_desc.block_type.nbytes
+                            + fold_desc.block_type.nbytes + decay_desc.block_type.nbytes)
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        b = tile // (H * VT)
+        h = (tile // VT) % H
+        v0 = (tile % VT) * BV
+        slot = gl.load(slots_ptr + b)
+        row = (slot * H + h) * V + v0
+        pair = b * H + h
+        for k0 in gl.static_range(0, K, BKK):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_copy_global_to_shared(state_desc, [row, k0], ready.index(s), s_ring.index(s))
+            tma.async_copy_global_to_shared(hi_desc, [pair * BM, k0], ready.index(s), hi_ring.index(s))
+            tma.async_copy_global_to_shared(lo_desc, [pair * BM, k0], ready.index(s), lo_ring.index(s))
+            tma.async_copy_global_to_shared(fold_desc, [pair * F, k0], ready.index(s), fold_ring.index(s))
+            tma.async_copy_global_to_shared(decay_desc, [pair, k0], ready.index(s), decay_ring.index(s))
+            it += 1
+
+
+@gluon.jit
+def _gluon_flush_folder(state_desc, correction_ptr, y_ptr, slots_ptr, s_ring, hi_ring, lo_ring, fold_ring,
+                        decay_ring, ready, empty, num_tiles, H: gl.constexpr, V: gl.constexpr, K: gl.constexpr,
+                        BV: gl.constexpr, BKK: gl.constexpr, BM: gl.constexpr, F: gl.constexpr,
+                        STAGES: gl.constexpr):
+    """The folding warp group: each block folded in fp32 FMAs (``F`` corrections), written back
+    through its ring slot by TMA, then three tf32 ``wgmma`` into ``Y``."""
+    VT: gl.constexpr = V // BV
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BM, 8])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
+    fold3: gl.constexpr = gl.BlockedLayout([1, F, 4], [4, 1, 8], [4, 1, 1], [2, 1, 0])
+    block: gl.constexpr = gl.SliceLayout(1, fold3)
+    corrections: gl.constexpr = gl.SliceLayout(2, fold3)
+    offs_v = gl.arange(0, BV, layout=gl.SliceLayout(1, acc_layout))
+    offs_m = gl.arange(0, BM, layout=gl.SliceLayout(0, acc_layout))
+    offs_cv = gl.arange(0, BV, layout=gl.SliceLayout(1, corrections))
+    offs_cf = gl.arange(0, F, layout=gl.SliceLayout(0, corrections))
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        b = tile // (H * VT)
+        h = (tile // VT) % H
+        v0 = (tile % VT) * BV
+        slot = gl.load(slots_ptr + b)
+        row = (slot * H + h) * V + v0
+        pair = (b * H + h).to(gl.int64)
+        C = gl.load(correction_ptr + (pair * F + offs_cf[None, :]) * V + v0 + offs_cv[:, None])
+        acc = gl.zeros((BV, BM), gl.float32, layout=acc_layout)
+        for k0 in gl.static_range(0, K, BKK):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            S = s_ring.index(s).load(block)
+            fold = fold_ring.index(s).load(gl.SliceLayout(0, fold3))
+            decay = decay_ring.index(s).load(block)
+            S = S * decay + gl.sum(C[:, :, None] * fold[None, :, :], axis=1)
+            s_ring.index(s).store(S)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(state_desc, [row, k0], s_ring.index(s))
+            S_hi, S_lo = _split_tf32(s_ring.index(s).load(a_layout))
+            op_hi = hi_ring.index(s).permute((1, 0))
+            op_lo = lo_ring.index(s).permute((1, 0))
+            acc = warpgroup_mma(S_hi, op_hi, acc, is_async=True)
+            acc = warpgroup_mma(S_hi, op_lo, acc, is_async=True)
+            acc = warpgroup_mma(S_lo, op_hi, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(empty.index(s), count=1)
+            it += 1
+        gl.store(y_ptr + ((pair * V + v0 + offs_v[:, None]) * BM + offs_m[None, :]), acc)
+
+
+@gluon.jit
+def _gluon_flush_kernel(state_desc, hi_desc, lo_desc, fold_desc, decay_desc, correction_ptr, y_ptr, slots_ptr,
+                        num_tiles, H: gl.constexpr, V: gl.constexpr, K: gl.constexpr, BV: gl.constexpr,
+                        BKK: gl.constexpr, BM: gl.constexpr, F: gl.constexpr, STAGES: gl.constexpr):
+    """Persistent flushing loop, tiles as ``_gluon_ws_kernel``'s."""
+    s_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BV, BKK], state_desc.layout)
+    hi_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM, BKK], hi_desc.layout)
+    lo_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM, BKK], lo_desc.layout)
+    fold_ring = gl.allocate_shared_memory(gl.float32, [STAGES, F, BKK], fold_desc.layout)
+    decay_ring = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BKK], decay_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_gluon_flush_folder, (state_desc, correction_ptr, y_ptr, slots_ptr, s_ring, hi_ring, lo_ring, fold_ring,
+                               decay_ring, ready, empty, num_tiles, H, V, K, BV, BKK, BM, F, STAGES)),
+        (_gluon_flush_loader, (state_desc, hi_desc, lo_desc, fold_desc, decay_desc, slots_ptr, s_ring, hi_ring,
+                               lo_ring, fold_ring, decay_ring, ready, empty, num_tiles, H, V, K, BV, BKK, BM, F,
+                               STAGES)),
+    ], [1], [40])
+
+
 class Problem:
     """Fresh random state and operands, every row on a slot of its own, ``Y`` poisoned; ``SETS``
     disjoint slot sets, so that replays in turn read the state from DRAM, not from L2."""
@@ -172,6 +310,13 @@ class Problem:
         self.op_hi = hi.view(torch.float32)
         self.op_lo = self.operand - self.op_hi
         self.y = torch.full((batch, H, V, BM), float("nan"), device=device)
+        # a flush's inputs: T rows of corrections and of fold operand (F real, zero to 16 for tl.dot)
+        self.corrections = torch.zeros((batch, H, 16, V), device=device)
+        self.corrections[:, :, :F] = torch.randn((batch, H, F, V), generator=g, device=device)
+        self.fold = torch.zeros((batch, H, 16, K), device=device)
+        self.fold[:, :, :F] = torch.randn((batch, H, F, K), generator=g, device=device)
+        self.corrections_f, self.fold_f = self.corrections[:, :, :F].contiguous(), self.fold[:, :, :F].contiguous()
+        self.decay = torch.rand((batch, H, K), generator=g, device=device) * 0.5 + 0.5
 
     def use(self, i: int) -> "Problem":
         """This problem on slot set ``i``."""
@@ -182,6 +327,11 @@ class Problem:
         """``Y`` of the current slot set in float64."""
         S = self.state[self.slots.long()].double()
         return torch.einsum("bhvk,bhmk->bhvm", S, self.operand.double())
+
+    def folded_reference(self, before: torch.Tensor) -> torch.Tensor:
+        """The current slot set's state after a flush from ``before`` (its rows) in float64."""
+        C, fold = self.corrections[:, :, :F].double(), self.fold[:, :, :F].double()
+        return before.double() * self.decay.double()[:, :, None, :] + torch.einsum("bhfv,bhfk->bhvk", C, fold)
 
     def state_bytes(self) -> int:
         return self.batch * H * V * K * 4
@@ -206,6 +356,25 @@ def launch_gluon(p: Problem, ctas_per_sm: int, sms: int, stages: int, rows: int 
     _gluon_ws_kernel[(min(ctas_per_sm * sms, num_tiles), )](
         state_desc, hi_desc, lo_desc, p.y, p.slots, num_tiles, H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM, STAGES=stages,
         num_warps=4, maxnreg=max_registers)
+
+
+def launch_triton_flush(p: Problem, rows: int = 32, warps: int = 1, stages: int = 3, max_registers: int = 168):
+    """The flushing loop on the shipped flushing state kernel's tiles (32 rows, one warp, cap 168)."""
+    _triton_flush_kernel[(V // rows, H, p.batch)](
+        p.state, p.operand, p.fold, p.decay, p.corrections, p.y, p.slots, H=H, K=K, V=V, BV=rows, BKK=BKK, BM=BM,
+        F=16, STAGES=stages, num_warps=warps, maxnreg=max_registers)
+
+
+def launch_gluon_flush(p: Problem, ctas_per_sm: int, sms: int, stages: int, rows: int = BV) -> None:
+    """The persistent flushing loop, ``ctas_per_sm`` programs an SM."""
+    desc = lambda t, block: TensorDescriptor(  # noqa: E731
+        t, [t.numel() // K, K], [K, 1], block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+    num_tiles = p.batch * H * (V // rows)
+    max_registers = min(255, 65536 // (ctas_per_sm * 256) // 8 * 8)
+    _gluon_flush_kernel[(min(ctas_per_sm * sms, num_tiles), )](
+        desc(p.state, [rows, BKK]), desc(p.op_hi, [BM, BKK]), desc(p.op_lo, [BM, BKK]), desc(p.fold_f, [F, BKK]),
+        desc(p.decay, [1, BKK]), p.corrections_f, p.y, p.slots, num_tiles, H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM,
+        F=F, STAGES=stages, num_warps=4, maxnreg=max_registers)
 
 
 def graph_median_us(fn, reps: int = 30, launches: int = 12) -> float:
@@ -233,11 +402,47 @@ def graph_median_us(fn, reps: int = 30, launches: int = 12) -> float:
     return statistics.median(times)
 
 
-def relative_error(p: Problem, ref: torch.Tensor) -> float:
-    return ((p.y.double() - ref).norm() / ref.norm()).item()
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).norm() / ref.norm()).item()
 
 
-def run_gpu(batches: list[int]) -> int:
+def check(p: Problem, fn, kind: str) -> float:
+    """Run ``fn`` once on slot set 0 (``Y`` poisoned) and return its relative error against
+    float64: of ``Y`` (``product``), of the stored state and of ``Y`` (``flush``); NaN for ``read``."""
+    p.use(0)
+    before = p.state[p.slots.long()].clone()
+    p.y.fill_(float("nan"))
+    fn(p)
+    if p.y.is_cuda:
+        torch.cuda.synchronize()
+    if kind == "read":
+        return float("nan")
+    if kind == "product":
+        return relative_error(p.y, p.reference())
+    folded = p.folded_reference(before)
+    ref_y = torch.einsum("bhvk,bhmk->bhvm", folded, p.operand.double())
+    return max(relative_error(p.state[p.slots.long()], folded), relative_error(p.y, ref_y))
+
+
+def variants(sms: int) -> list[tuple[str, object, str]]:
+    """(name, launch, kind): the Triton ones first, so that a Gluon kernel that hung stops no other."""
+    found = [("triton-loop", lambda p: launch_triton(p, True), "product"),
+             ("triton-read", lambda p: launch_triton(p, False), "read")]
+    for rows, warps, stages in [(64, 4, 3), (128, 4, 3), (64, 2, 4)]:
+        found.append((f"triton-loop {rows}r {warps}w s{stages}",
+                      lambda p, r=rows, w=warps, s=stages: launch_triton(p, True, r, w, s), "product"))
+    found.append(("triton-flush", lambda p: launch_triton_flush(p), "flush"))
+    found.append(("triton-flush 64r 2w", lambda p: launch_triton_flush(p, 64, 2), "flush"))
+    for cta, stages, rows in [(1, 8, 64), (2, 4, 64), (2, 6, 64), (3, 4, 64), (1, 6, 128), (2, 4, 128)]:
+        found.append((f"gluon-ws {rows}r x{cta} s{stages}",
+                      lambda p, c=cta, s=stages, r=rows: launch_gluon(p, c, sms, s, r), "product"))
+    for cta, stages in [(1, 8), (2, 4), (3, 3)]:
+        found.append((f"gluon-flush x{cta} s{stages}",
+                      lambda p, c=cta, s=stages: launch_gluon_flush(p, c, sms, s), "flush"))
+    return found
+
+
+def run_gpu(batches: list[int], only: str) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     big = torch.empty(1 << 28, device="cuda")  # 1 GiB
     copy_us = graph_median_us(lambda i: big.clone(), reps=20, launches=3)
@@ -245,40 +450,29 @@ def run_gpu(batches: list[int]) -> int:
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s")
     del big
     failures = 0
-    variants = [("triton-loop", lambda p: launch_triton(p, True), True),
-                ("triton-read", lambda p: launch_triton(p, False), False)]
-    for rows, warps, stages in [(64, 4, 3), (128, 4, 3), (64, 2, 4)]:
-        variants.append((f"triton-loop {rows}r {warps}w s{stages}",
-                         lambda p, r=rows, w=warps, s=stages: launch_triton(p, True, r, w, s), True))
-    for cta, stages, rows in [(1, 8, 64), (2, 4, 64), (2, 6, 64), (3, 4, 64), (1, 6, 128), (2, 4, 128)]:
-        variants.append((f"gluon-ws {rows}r x{cta} s{stages}",
-                         lambda p, c=cta, s=stages, r=rows: launch_gluon(p, c, sms, s, r), True))
     print(f"{'variant':<24} {'B':>4} {'us':>9} {'state GB/s':>11} {'% copy':>7} {'rel err':>9}")
     problems = {batch: Problem(batch, "cuda", seed=batch) for batch in batches}
-    # the Triton variants and the shipped verify first: a Gluon kernel that hung would stop the rest
     for gluon_group in (False, True):
         for batch in batches:
             p = problems[batch]
-            for name, fn, exact in variants:
-                if name.startswith("gluon") != gluon_group:
+            for name, fn, kind in variants(sms):
+                if name.startswith("gluon") != gluon_group or only not in name:
                     continue
                 try:
-                    p.y.fill_(float("nan"))
-                    fn(p.use(0))
-                    torch.cuda.synchronize()
-                    err = relative_error(p, p.reference()) if exact else float("nan")
-                    if exact and not err < 1e-6:
+                    err = check(p, fn, kind)
+                    if kind != "read" and not err < 1e-6:
                         failures += 1
                     us = graph_median_us(lambda i: fn(p.use(i)))
                 except Exception as e:  # noqa: BLE001 - a probe reports every variant
                     print(f"{name:<24} {batch:>4} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                     failures += 1
                     continue
-                # bytes: the state read, plus Y written (and the operands, from L2 mostly)
-                gbs = (p.state_bytes() + p.y.numel() * 4) / us / 1e3
+                # bytes: the state read (and written back by a flush), Y written; operands mostly from L2
+                moved = p.state_bytes() * (2 if kind == "flush" else 1) + p.y.numel() * 4
+                gbs = moved / us / 1e3
                 print(f"{name:<24} {batch:>4} {us:>9.2f} {gbs:>11.0f} {100 * gbs / copy_gbs:>6.1f}% {err:>9.2e}",
                       flush=True)
-            if not gluon_group:
+            if not gluon_group and not only:
                 print(f"{'shipped verify':<24} {batch:>4} {shipped_verify_us(batch):>9.2f}", flush=True)
     return 1 if failures else 0
 
@@ -306,6 +500,9 @@ def run_offline() -> int:
         launch_triton(p, False)
         for ctas_per_sm, stages, rows in [(1, 8, 64), (2, 6, 64), (3, 4, 64), (2, 4, 128)]:
             launch_gluon(p, ctas_per_sm, 132, stages, rows)
+        launch_triton_flush(p)
+        for ctas_per_sm, stages in [(1, 8), (2, 4), (3, 3)]:
+            launch_gluon_flush(p, ctas_per_sm, 132, stages)
     return 0
 
 
@@ -314,10 +511,11 @@ def main() -> int:
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--resources", action="store_true", help="with --offline: registers, spills, SASS counts")
     parser.add_argument("--batches", default="64,128,256")
+    parser.add_argument("--only", default="", help="the variants whose names hold this text (no shipped verify)")
     args = parser.parse_args()
     if args.offline:
         return run_offline()
-    return run_gpu([int(b) for b in args.batches.split(",")])
+    return run_gpu([int(b) for b in args.batches.split(",")], args.only)
 
 
 if __name__ == "__main__":
