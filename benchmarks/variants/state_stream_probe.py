@@ -444,11 +444,11 @@ def variants(sms: int) -> list[tuple[str, object, str]]:
 
 def run_gpu(batches: list[int], only: str) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    big = torch.empty(1 << 28, device="cuda")  # 1 GiB
-    copy_us = graph_median_us(lambda i: big.clone(), reps=20, launches=3)
-    copy_gbs = 2 * big.numel() * 4 / copy_us / 1e3
-    print(f"{torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s")
-    del big
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from traces.bench.timers import measure_copy_ceiling
+
+    copy_gbs = measure_copy_ceiling("cuda")["gbps"]
+    print(f"{torch.cuda.get_device_name()}: copy {copy_gbs:.0f} GB/s (kda bench's ceiling)")
     failures = 0
     print(f"{'variant':<24} {'B':>4} {'us':>9} {'state GB/s':>11} {'% copy':>7} {'rel err':>9}")
     problems = {batch: Problem(batch, "cuda", seed=batch) for batch in batches}
@@ -460,7 +460,7 @@ def run_gpu(batches: list[int], only: str) -> int:
                     continue
                 try:
                     err = check(p, fn, kind)
-                    if kind != "read" and not err < 1e-6:
+                    if kind != "read" and not err < 1e-5:
                         failures += 1
                     us = graph_median_us(lambda i: fn(p.use(i)))
                 except Exception as e:  # noqa: BLE001 - a probe reports every variant
