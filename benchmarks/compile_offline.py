@@ -10,6 +10,8 @@ compiled path (not the interpreter's) shows here before a GPU run. Nothing is la
 no value is checked; ``pytest -m gpu`` does that. Exit status 0 when every launch compiled.
 ``--resources``: each kernel's registers per thread, spill bytes and SASS instruction count
 (static, the whole kernel), from ``cuobjdump``; a proxy for a change's cost, not a time.
+Importing this module makes every launch a compile, Gluon kernels included
+(``benchmarks/variants/state_stream_probe.py --offline`` uses it so).
 """
 
 from __future__ import annotations
