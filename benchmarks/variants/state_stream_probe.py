@@ -84,17 +84,20 @@ def _split_tf32(x):
 
 
 @gluon.jit
+def _tile_origin(tile, H: gl.constexpr, V: gl.constexpr, BV: gl.constexpr):
+    """Row, head and first state row of tile ``tile`` in the (row, head, V-tile) order."""
+    return tile // (H * (V // BV)), (tile // (V // BV)) % H, (tile % (V // BV)) * BV
+
+
+@gluon.jit
 def _gluon_loader(state_desc, hi_desc, lo_desc, slots_ptr, s_ring, hi_ring, lo_ring, ready, empty, num_tiles,
                   H: gl.constexpr, V: gl.constexpr, K: gl.constexpr, BV: gl.constexpr, BKK: gl.constexpr,
                   BM: gl.constexpr, STAGES: gl.constexpr):
     """The loading warp: every block of this program's tiles into the ring, ``STAGES`` ahead."""
-    VT: gl.constexpr = V // BV
     nbytes: gl.constexpr = state_desc.block_type.nbytes + 2 * hi_desc.block_type.nbytes
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b = tile // (H * VT)
-        h = (tile // VT) % H
-        v0 = (tile % VT) * BV
+        b, h, v0 = _tile_origin(tile, H, V, BV)
         slot = gl.load(slots_ptr + b)
         row = (slot * H + h) * V + v0
         op_row = (b * H + h) * BM
@@ -112,7 +115,6 @@ def _gluon_loader(state_desc, hi_desc, lo_desc, slots_ptr, s_ring, hi_ring, lo_r
 def _gluon_folder(y_ptr, s_ring, hi_ring, lo_ring, ready, empty, num_tiles, H: gl.constexpr, V: gl.constexpr,
                   K: gl.constexpr, BV: gl.constexpr, BKK: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
     """The folding warp group: ``Y`` of each tile from the ring, three tf32 ``wgmma`` a block."""
-    VT: gl.constexpr = V // BV
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BM, 8])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
@@ -120,9 +122,7 @@ def _gluon_folder(y_ptr, s_ring, hi_ring, lo_ring, ready, empty, num_tiles, H: g
     offs_m = gl.arange(0, BM, layout=gl.SliceLayout(0, acc_layout))
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b = tile // (H * VT)
-        h = (tile // VT) % H
-        v0 = (tile % VT) * BV
+        b, h, v0 = _tile_origin(tile, H, V, BV)
         acc = gl.zeros((BV, BM), gl.float32, layout=acc_layout)
         for k0 in gl.static_range(0, K, BKK):
             s = it % STAGES
@@ -193,14 +193,11 @@ def _gluon_flush_loader(state_desc, hi_desc, lo_desc, fold_desc, decay_desc, slo
                         K: gl.constexpr, BV: gl.constexpr, BKK: gl.constexpr, BM: gl.constexpr, F: gl.constexpr,
                         STAGES: gl.constexpr):
     """The loading warp of the flushing loop: state, operand halves, fold and decay blocks."""
-    VT: gl.constexpr = V // BV
     nbytes: gl.constexpr = (state_desc.block_type.nbytes + 2 * hi_desc.block_type.nbytes
                             + fold_desc.block_type.nbytes + decay_desc.block_type.nbytes)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b = tile // (H * VT)
-        h = (tile // VT) % H
-        v0 = (tile % VT) * BV
+        b, h, v0 = _tile_origin(tile, H, V, BV)
         slot = gl.load(slots_ptr + b)
         row = (slot * H + h) * V + v0
         pair = b * H + h
@@ -223,7 +220,6 @@ def _gluon_flush_folder(state_desc, correction_ptr, y_ptr, slots_ptr, s_ring, hi
                         STAGES: gl.constexpr):
     """The folding warp group: each block folded in fp32 FMAs (``F`` corrections), written back
     through its ring slot by TMA, then three tf32 ``wgmma`` into ``Y``."""
-    VT: gl.constexpr = V // BV
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BM, 8])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=1)
@@ -236,9 +232,7 @@ def _gluon_flush_folder(state_desc, correction_ptr, y_ptr, slots_ptr, s_ring, hi
     offs_cf = gl.arange(0, F, layout=gl.SliceLayout(0, corrections))
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        b = tile // (H * VT)
-        h = (tile // VT) % H
-        v0 = (tile % VT) * BV
+        b, h, v0 = _tile_origin(tile, H, V, BV)
         slot = gl.load(slots_ptr + b)
         row = (slot * H + h) * V + v0
         pair = (b * H + h).to(gl.int64)
