@@ -84,6 +84,17 @@ def _split_tf32(x):
 
 
 @gluon.jit
+def _split_product(s_block, hi_block, lo_block, acc, a_layout: gl.constexpr):
+    """``acc + S O^T`` in split tf32 (three ``wgmma``), waited for: ``S [BV, BKK]`` from
+    ``s_block``, split in registers; ``O [BM, BKK]`` as its halves ``hi_block``, ``lo_block``."""
+    S_hi, S_lo = _split_tf32(s_block.load(a_layout))
+    acc = warpgroup_mma(S_hi, hi_block.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(S_hi, lo_block.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(S_lo, hi_block.permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+
+@gluon.jit
 def _tile_origin(tile, H: gl.constexpr, V: gl.constexpr, BV: gl.constexpr):
     """Row, head and first state row of tile ``tile`` in the (row, head, V-tile) order."""
     return tile // (H * (V // BV)), (tile // (V // BV)) % H, (tile % (V // BV)) * BV
@@ -127,13 +138,7 @@ def _gluon_folder(y_ptr, s_ring, hi_ring, lo_ring, ready, empty, num_tiles, H: g
         for k0 in gl.static_range(0, K, BKK):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            S_hi, S_lo = _split_tf32(s_ring.index(s).load(a_layout))
-            op_hi = hi_ring.index(s).permute((1, 0))
-            op_lo = lo_ring.index(s).permute((1, 0))
-            acc = warpgroup_mma(S_hi, op_hi, acc, is_async=True)
-            acc = warpgroup_mma(S_hi, op_lo, acc, is_async=True)
-            acc = warpgroup_mma(S_lo, op_hi, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = _split_product(s_ring.index(s), hi_ring.index(s), lo_ring.index(s), acc, a_layout)
             mbarrier.arrive(empty.index(s), count=1)
             it += 1
         pair = (b * H + h).to(gl.int64)
@@ -248,13 +253,7 @@ def _gluon_flush_folder(state_desc, correction_ptr, y_ptr, slots_ptr, s_ring, hi
             s_ring.index(s).store(S)
             fence_async_shared()
             tma.async_copy_shared_to_global(state_desc, [row, k0], s_ring.index(s))
-            S_hi, S_lo = _split_tf32(s_ring.index(s).load(a_layout))
-            op_hi = hi_ring.index(s).permute((1, 0))
-            op_lo = lo_ring.index(s).permute((1, 0))
-            acc = warpgroup_mma(S_hi, op_hi, acc, is_async=True)
-            acc = warpgroup_mma(S_hi, op_lo, acc, is_async=True)
-            acc = warpgroup_mma(S_lo, op_hi, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc = _split_product(s_ring.index(s), hi_ring.index(s), lo_ring.index(s), acc, a_layout)
             tma.store_wait(pendings=0)
             mbarrier.arrive(empty.index(s), count=1)
             it += 1
