@@ -47,6 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # the repository's packages
+
 H, K, V, BM = 12, 128, 128, 16
 F = 8  # pending tokens folded by a flush (T=8); the Triton dot pads them to 16
 BV, BKK = 64, 32
@@ -92,6 +94,17 @@ def _split_product(s_block, hi_block, lo_block, acc, a_layout: gl.constexpr):
     acc = warpgroup_mma(S_hi, lo_block.permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma(S_lo, hi_block.permute((1, 0)), acc, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+
+@gluon.jit
+def _ring_barriers(STAGES: gl.constexpr):
+    """``ready`` and ``empty``, one mbarrier each per ring slot, initialised for one arrival."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return ready, empty
 
 
 @gluon.jit
@@ -153,11 +166,7 @@ def _gluon_ws_kernel(state_desc, hi_desc, lo_desc, y_ptr, slots_ptr, num_tiles, 
     s_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BV, BKK], state_desc.layout)
     hi_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM, BKK], hi_desc.layout)
     lo_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM, BKK], lo_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    ready, empty = _ring_barriers(STAGES)
     gl.warp_specialize([
         (_gluon_folder, (y_ptr, s_ring, hi_ring, lo_ring, ready, empty, num_tiles, H, V, K, BV, BKK, BM, STAGES)),
         (_gluon_loader, (state_desc, hi_desc, lo_desc, slots_ptr, s_ring, hi_ring, lo_ring, ready, empty,
@@ -270,11 +279,7 @@ def _gluon_flush_kernel(state_desc, hi_desc, lo_desc, fold_desc, decay_desc, cor
     lo_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BM, BKK], lo_desc.layout)
     fold_ring = gl.allocate_shared_memory(gl.float32, [STAGES, F, BKK], fold_desc.layout)
     decay_ring = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BKK], decay_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    ready, empty = _ring_barriers(STAGES)
     gl.warp_specialize([
         (_gluon_flush_folder, (state_desc, correction_ptr, y_ptr, slots_ptr, s_ring, hi_ring, lo_ring, fold_ring,
                                decay_ring, ready, empty, num_tiles, H, V, K, BV, BKK, BM, F, STAGES)),
@@ -316,14 +321,17 @@ class Problem:
         self.slots = self.slot_sets[i % self.SETS]
         return self
 
-    def reference(self) -> torch.Tensor:
-        """``Y`` of the current slot set in float64."""
-        S = self.state[self.slots.long()].double()
-        return torch.einsum("bhvk,bhmk->bhvm", S, self.operand.double())
+    def rows(self) -> torch.Tensor:
+        """The state rows ``[B, H, V, K]`` of the current slot set (a copy)."""
+        return self.state[self.slots.long()]
+
+    def reference(self, rows: torch.Tensor) -> torch.Tensor:
+        """``Y`` from state ``rows`` in float64."""
+        return torch.einsum("bhvk,bhmk->bhvm", rows.double(), self.operand.double())
 
     def folded_reference(self, before: torch.Tensor) -> torch.Tensor:
-        """The current slot set's state after a flush from ``before`` (its rows) in float64."""
-        C, fold = self.corrections[:, :, :F].double(), self.fold[:, :, :F].double()
+        """The state rows after a flush from ``before`` in float64."""
+        C, fold = self.corrections_f.double(), self.fold_f.double()
         return before.double() * self.decay.double()[:, :, None, :] + torch.einsum("bhfv,bhfk->bhvk", C, fold)
 
     def state_bytes(self) -> int:
@@ -336,19 +344,25 @@ def launch_triton(p: Problem, product: bool, rows: int = BV, warps: int = 2, sta
                                                   BM=BM, STAGES=stages, PRODUCT=product, num_warps=warps)
 
 
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of ``t`` seen as rows of ``K`` fp32 values, in boxes of ``block``."""
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return TensorDescriptor(t, [t.numel() // K, K], [K, 1], block, layout)
+
+
+def _resident_registers(ctas_per_sm: int) -> int:
+    """The register budget that lets ``ctas_per_sm`` programs of two warp groups reside on an SM."""
+    return min(255, 65536 // (ctas_per_sm * 256) // 8 * 8)
+
+
 def launch_gluon(p: Problem, ctas_per_sm: int, sms: int, stages: int, rows: int = BV) -> None:
     """``ctas_per_sm`` programs an SM, each under the register budget that lets them reside,
     on tiles of ``rows`` state rows."""
-    s_layout = gl.NVMMASharedLayout.get_default_for([rows, BKK], gl.float32)
-    o_layout = gl.NVMMASharedLayout.get_default_for([BM, BKK], gl.float32)
-    state_desc = TensorDescriptor(p.state, [p.state.numel() // K, K], [K, 1], [rows, BKK], s_layout)
-    hi_desc = TensorDescriptor(p.op_hi, [p.op_hi.numel() // K, K], [K, 1], [BM, BKK], o_layout)
-    lo_desc = TensorDescriptor(p.op_lo, [p.op_lo.numel() // K, K], [K, 1], [BM, BKK], o_layout)
     num_tiles = p.batch * H * (V // rows)
-    max_registers = min(255, 65536 // (ctas_per_sm * 256) // 8 * 8)  # two warp groups a program
     _gluon_ws_kernel[(min(ctas_per_sm * sms, num_tiles), )](
-        state_desc, hi_desc, lo_desc, p.y, p.slots, num_tiles, H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM, STAGES=stages,
-        num_warps=4, maxnreg=max_registers)
+        _descriptor(p.state, [rows, BKK]), _descriptor(p.op_hi, [BM, BKK]), _descriptor(p.op_lo, [BM, BKK]), p.y,
+        p.slots, num_tiles, H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM, STAGES=stages, num_warps=4,
+        maxnreg=_resident_registers(ctas_per_sm))
 
 
 def launch_triton_flush(p: Problem, rows: int = 32, warps: int = 1, stages: int = 3, max_registers: int = 168):
@@ -360,14 +374,12 @@ def launch_triton_flush(p: Problem, rows: int = 32, warps: int = 1, stages: int 
 
 def launch_gluon_flush(p: Problem, ctas_per_sm: int, sms: int, stages: int, rows: int = BV) -> None:
     """The persistent flushing loop, ``ctas_per_sm`` programs an SM."""
-    desc = lambda t, block: TensorDescriptor(  # noqa: E731
-        t, [t.numel() // K, K], [K, 1], block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
     num_tiles = p.batch * H * (V // rows)
-    max_registers = min(255, 65536 // (ctas_per_sm * 256) // 8 * 8)
     _gluon_flush_kernel[(min(ctas_per_sm * sms, num_tiles), )](
-        desc(p.state, [rows, BKK]), desc(p.op_hi, [BM, BKK]), desc(p.op_lo, [BM, BKK]), desc(p.fold_f, [F, BKK]),
-        desc(p.decay, [1, BKK]), p.corrections_f, p.y, p.slots, num_tiles, H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM,
-        F=F, STAGES=stages, num_warps=4, maxnreg=max_registers)
+        _descriptor(p.state, [rows, BKK]), _descriptor(p.op_hi, [BM, BKK]), _descriptor(p.op_lo, [BM, BKK]),
+        _descriptor(p.fold_f, [F, BKK]), _descriptor(p.decay, [1, BKK]), p.corrections_f, p.y, p.slots, num_tiles,
+        H=H, V=V, K=K, BV=rows, BKK=BKK, BM=BM, F=F, STAGES=stages, num_warps=4,
+        maxnreg=_resident_registers(ctas_per_sm))
 
 
 def graph_median_us(fn, reps: int = 30, launches: int = 12) -> float:
@@ -402,8 +414,7 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
 def check(p: Problem, fn, kind: str) -> float:
     """Run ``fn`` once on slot set 0 (``Y`` poisoned) and return its relative error against
     float64: of ``Y`` (``product``), of the stored state and of ``Y`` (``flush``); NaN for ``read``."""
-    p.use(0)
-    before = p.state[p.slots.long()].clone()
+    before = p.use(0).rows()
     p.y.fill_(float("nan"))
     fn(p)
     if p.y.is_cuda:
@@ -411,10 +422,9 @@ def check(p: Problem, fn, kind: str) -> float:
     if kind == "read":
         return float("nan")
     if kind == "product":
-        return relative_error(p.y, p.reference())
+        return relative_error(p.y, p.reference(before))
     folded = p.folded_reference(before)
-    ref_y = torch.einsum("bhvk,bhmk->bhvm", folded, p.operand.double())
-    return max(relative_error(p.state[p.slots.long()], folded), relative_error(p.y, ref_y))
+    return max(relative_error(p.rows(), folded), relative_error(p.y, p.reference(folded)))
 
 
 def variants(sms: int) -> list[tuple[str, object, str]]:
@@ -437,7 +447,6 @@ def variants(sms: int) -> list[tuple[str, object, str]]:
 
 def run_gpu(batches: list[int], only: str) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     from traces.bench.timers import measure_copy_ceiling
 
     copy_gbs = measure_copy_ceiling("cuda")["gbps"]
@@ -472,7 +481,6 @@ def run_gpu(batches: list[int], only: str) -> int:
 
 def shipped_verify_us(batch: int) -> float:
     """The whole stock verify of kda at k3-tp8, ``batch`` full windows of T=8."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     import kernels
     from tests.kernel_problems import make_problem
 
@@ -484,18 +492,16 @@ def shipped_verify_us(batch: int) -> float:
 
 def run_offline() -> int:
     """Compile each kernel for sm_90 without a GPU; print registers, spills and SASS counts."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
     from benchmarks import compile_offline  # noqa: F401  (replaces JITFunction.run by a compile)
 
-    for batch in [256]:
-        p = Problem(batch, "cpu")
-        launch_triton(p, True)
-        launch_triton(p, False)
-        for ctas_per_sm, stages, rows in [(1, 8, 64), (2, 6, 64), (3, 4, 64), (2, 4, 128)]:
-            launch_gluon(p, ctas_per_sm, 132, stages, rows)
-        launch_triton_flush(p)
-        for ctas_per_sm, stages in [(1, 8), (2, 4), (3, 3)]:
-            launch_gluon_flush(p, ctas_per_sm, 132, stages)
+    p = Problem(256, "cpu")
+    launch_triton(p, True)
+    launch_triton(p, False)
+    for ctas_per_sm, stages, rows in [(1, 8, 64), (2, 6, 64), (3, 4, 64), (2, 4, 128)]:
+        launch_gluon(p, ctas_per_sm, 132, stages, rows)
+    launch_triton_flush(p)
+    for ctas_per_sm, stages in [(1, 8), (2, 4), (3, 3)]:
+        launch_gluon_flush(p, ctas_per_sm, 132, stages)
     return 0
 
 
