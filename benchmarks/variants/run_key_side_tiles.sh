@@ -5,17 +5,17 @@
 # flush-verify and both steps, the shipped kernels beside each setting's key side
 # (benchmarks/variants/key_side_tiles.py) in one run; the `pytest -m gpu` verify tests under
 # the first setting; kernel times inside the graphs (benchmarks/graph_kernel_times.py) of the
-# shipped kernels and the first setting at T=8, B=256; then Nsight Compute of the shipped key
-# side, stock and flushing, at T=8, B=256 (warp states, source counters). Results to $OUT:
-# key-side-tiles.json, pytest-key-side.txt, graph-times-key-side.txt, ncu-key-side-*.txt.
-# BATCHES (default 64,128,256) names the batch sizes.
+# shipped kernels and the first setting at T=8, B=256; then Nsight Compute of the shipped stock
+# key side at T=8, B=256 (warp states, source counters). Results to $OUT: key-side-tiles.json,
+# pytest-key-side.txt, graph-times-key-side.txt, ncu-key-side-verify.txt. BATCHES (default
+# 64,128,256) names the batch sizes; BASELINE, a variant file timed after the shipped kernels.
 # Exit status: non-zero if a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=. NO_COLOR=1
 OUT="${OUT:?set OUT to the folder that receives the results}"
 SETTINGS=("$@")
-[ ${#SETTINGS[@]} -gt 0 ] || SETTINGS=(16:1:- 16:2:- 32:2:- 32:4:- 64:4:-)
+[ ${#SETTINGS[@]} -gt 0 ] || SETTINGS=(16:1:- 32:1:- 16:1:80 16:2:- 32:2:-)
 FILES=$(python3 benchmarks/variants/key_side_tiles.py "${TMPDIR:-/tmp}/key-side-tiles" "${SETTINGS[@]}")
 status=0
 note() {  # note STEP RC: print a step's exit status, remember a failure
@@ -23,7 +23,7 @@ note() {  # note STEP RC: print a step's exit status, remember a failure
     [ "$2" -eq 0 ] || status=1
 }
 timeout -s TERM 420 python3 -m kda_cli bench --spec-len 8,4 --batch "${BATCHES:-64,128,256}" \
-    --ops verify,flush-verify,step-stock,step-deferred --impl "triton,$FILES" \
+    --ops verify,flush-verify,step-stock,step-deferred --impl "triton,${BASELINE:+$BASELINE,}$FILES" \
     --row-seconds 0.1 --reps 20 --force --save "$OUT/key-side-tiles.json" 2> "$OUT/bench.log" | tail -n 80
 note bench "${PIPESTATUS[0]}"
 KDA_VARIANT="${FILES%%,*}" timeout -s TERM 150 python3 -m pytest -m gpu -q -p no:cacheprovider \
@@ -37,7 +37,7 @@ for impl in triton "${FILES%%,*}"; do
         --ops verify,step-deferred >> "$OUT/graph-times-key-side.txt" 2>&1
     note "graph times $(basename "$impl")" $?
 done
-for op in verify flush-verify; do
+for op in verify; do
     timeout -s TERM 120 ncu --clock-control none --profile-from-start off -k regex:_verify_key_side \
         --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
         --section SpeedOfLight --section InstructionStats --section SourceCounters \
