@@ -194,9 +194,8 @@ class VerifyConfig:
     ``block_t``: token rows of a window tile; ``block_kk``: key channels per step of the blocked
     designs; ``window_at_once``: a token loop reads the window's inputs at once, not token by
     token; ``num_warps``, ``stages`` (loads in flight), ``max_registers`` (``None``: the
-    compiler's choice) of the program that reads the state; ``key_side_block_kk`` (key
-    channels per step), ``key_side_warps`` and ``key_side_max_registers`` of the two kernels'
-    key side."""
+    compiler's choice) of the program that reads the state; ``key_side_warps`` and
+    ``key_side_max_registers`` of the two kernels' key side."""
 
     design: str
     block_k: int
@@ -207,7 +206,6 @@ class VerifyConfig:
     num_warps: int
     stages: int
     max_registers: int | None
-    key_side_block_kk: int
     key_side_warps: int
     key_side_max_registers: int | None
 
@@ -231,7 +229,7 @@ def verify_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec
     block_k = max(_DOT_MIN, triton.next_power_of_2(head_k_dim))
     window = triton.next_power_of_2(spec_query_len)
     common = dict(design=design, block_k=block_k, block_kk=min(32, block_k), stages=3,
-                  key_side_block_kk=min(32, block_k), key_side_warps=1, key_side_max_registers=None)
+                  key_side_warps=1, key_side_max_registers=None)
     if design.startswith("token-loop") or design == "flush-apart":
         rows, at_once = _token_loop_tile(key, design, flush)
         return VerifyConfig(block_v=min(rows, triton.next_power_of_2(head_v_dim)), block_t=window,

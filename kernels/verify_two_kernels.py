@@ -263,7 +263,7 @@ def launch_two_kernels(call: VerifyCall, cfg: VerifyConfig, pending=None, plan_r
     _verify_key_side_kernel[(H, B, 2 if flush else 1)](
         tokens, token_strides, call.gate(), call.records.key_gate, (operand, row_scale, mix), (fold, decay), pending,
         plan_rows, rows, call.state_indices.stride(0),
-        BK=cfg.block_k, BKK=cfg.key_side_block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
+        BK=cfg.block_k, BKK=cfg.block_kk, BT=cfg.block_t, FACTORED=factored_window(call.lower_bound, call.T),
         FLUSH=flush, DOT_PRECISION=DOT_PRECISION, **call.shape_options(),
         **dependent, num_warps=cfg.key_side_warps, num_stages=1, maxnreg=cfg.key_side_max_registers,
     )
