@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.buffers import CommitPlan, KDARecoverSSMRecords
+from kernels.commit_rules import COMMIT_RULES, RECORD_ROWS
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
@@ -293,11 +294,16 @@ def check_pending_args(state_indices, record_rows, pending, plan, eager=None, re
     return batch
 
 
-def check_context_layers(layers, spec_query_len, max_num_reqs, conv_dim_first: bool) -> None:
+def check_context_layers(layers, spec_query_len, max_num_reqs, conv_dim_first: bool, records: str = "slot",
+                         rule: str = "kda") -> None:
     """Check the layers of a commit context (``CommitLayer``s, docs/design.md §10): the four
-    buffers of ``kv_cache``, records per slot, the declared heads and head size, one lower
-    bound, conv states of one shape with at least one history entry. The buffers' agreement
-    across layers is ``check_layer_buffers``'s, which ``LayerTables.of`` runs."""
+    buffers of ``kv_cache``, records per slot (or, ``records="batch_row"``, a row for each of
+    ``max_num_reqs``), the declared heads and head size, one lower bound, conv states of one
+    shape with at least one history entry; ``records`` and ``rule`` among
+    ``kernels.commit_rules``'s. The buffers' agreement across layers is
+    ``check_layer_buffers``'s, which ``LayerTables.of`` runs."""
+    _require(records in RECORD_ROWS, "records", f"expected one of {', '.join(RECORD_ROWS)}, got {records!r}")
+    _require(rule in COMMIT_RULES, "rule", f"expected one of {', '.join(COMMIT_RULES)}, got {rule!r}")
     _require(isinstance(spec_query_len, int) and spec_query_len >= 1, "spec_query_len",
              f"expected a positive int, got {spec_query_len!r}")
     _require(isinstance(max_num_reqs, int) and max_num_reqs >= 1, "max_num_reqs",
@@ -314,9 +320,14 @@ def check_context_layers(layers, spec_query_len, max_num_reqs, conv_dim_first: b
         _require((layer.local_num_heads, layer.head_dim) == (heads, kdim), name,
                  f"local_num_heads={layer.local_num_heads}, head_dim={layer.head_dim} do not match its "
                  f"checkpoint [N, H, V, K] = {tuple(state.shape)}")
-        _require(correction.dim() == 4 and correction.shape[0] == slots, f"{name}.kv_cache[2]",
-                 f"expected a record row per slot, [{slots}, {heads}, {spec_query_len}, {vdim}], "
-                 f"got {tuple(correction.shape)}")
+        if records == "slot":
+            _require(correction.dim() == 4 and correction.shape[0] == slots, f"{name}.kv_cache[2]",
+                     f"expected a record row per slot, [{slots}, {heads}, {spec_query_len}, {vdim}], "
+                     f"got {tuple(correction.shape)}")
+        else:
+            _require(correction.dim() == 4 and correction.shape[0] >= max_num_reqs, f"{name}.kv_cache[2]",
+                     f"expected a record row per batch row, [>= {max_num_reqs}, {heads}, {spec_query_len}, {vdim}], "
+                     f"got {tuple(correction.shape)}")
         _require(correction.shape[2] == spec_query_len, f"{name}.kv_cache[2]",
                  f"expected {spec_query_len} tokens a row (spec_query_len), got shape {tuple(correction.shape)}")
         _require(layer.gate_lower_bound == layers[0].gate_lower_bound, f"{name}.gate_lower_bound",

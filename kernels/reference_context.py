@@ -9,6 +9,7 @@ import torch
 from kernels import reference
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan
 from kernels.commit_context import KDARecoverSSMCommitContext
+from kernels.commit_rules import apply_rule
 
 
 def compact_conv_states(states, history: int, state_indices, plan: CommitPlan) -> None:
@@ -31,8 +32,10 @@ def compact_conv_states(states, history: int, state_indices, plan: CommitPlan) -
 
 class ReferenceCommitContext(KDARecoverSSMCommitContext):
     """``KDARecoverSSMCommitContext`` whose steps are the torch reference's: the plan of
-    ``kernels.reference`` on the rows' requests, ``compact_conv_states``, then
-    ``kernels.reference.kda_recoverssm_commit`` layer by layer."""
+    ``kernels.reference`` on the rows' requests and the context's rule
+    (``kernels.commit_rules.apply_rule``), ``compact_conv_states``, then
+    ``kernels.reference.kda_recoverssm_commit`` layer by layer (records per slot or per
+    batch row, as the context keeps them)."""
 
     def _apply(self, num_accepted_tokens, state_indices, query_start_loc, requests, block_table, num_computed_tokens,
                mamba_block_size) -> None:
@@ -44,8 +47,13 @@ class ReferenceCommitContext(KDARecoverSSMCommitContext):
                          num_computed=num_computed_tokens[rows].contiguous(), block_size=mamba_block_size)
         plan = reference.kda_recoverssm_plan(self.plan, num_accepted_tokens[rows].contiguous(), query_start_loc,
                                              state_indices, self.spec_query_len, **align)
-        self.slot_rows[:B] = state_indices
+        if block_table is not None:
+            plan = apply_rule(self.rule, plan, self.folds, requests, num_computed_tokens, mamba_block_size)
+        record_rows = None
+        if self.records == "slot":
+            self.slot_rows[:B] = state_indices
+            record_rows = self.slot_rows[:B]
         compact_conv_states(self.conv.states, self.conv.history, state_indices, plan)
         for layer in self.tables.layers:
             reference.kda_recoverssm_commit(layer.checkpoint_state, layer.records, layer.A_log, layer.dt_bias,
-                                            self.lower_bound, state_indices, plan, self.slot_rows[:B])
+                                            self.lower_bound, state_indices, plan, record_rows)

@@ -155,7 +155,14 @@ commit_layers: ``slots`` (distinct real slots written), per layer ``states`` and
         commit (``[L, M, D, Wh]`` dim_first, ``[L, M, Wh, D]`` token_first).
 """
 
-ATTRS = {"plan": ("block_size", "layer"), "flush": ("consume_pending", "layer"), "commit_layers": ("block_size",),
+ATTRS = {"plan": ("block_size", "layer"), "flush": ("consume_pending", "layer"),
+         "commit_layers": ("block_size", "records", "rule"),
          **{op: ("layer",) for op in ("verify", "defer", "commit", "write")}}
 """Attrs an op may carry. flush ``consume_pending``: whether the flush zeroed the counts it
-folded (kda's flush API) or left them (the documented flush plan kernel); absent = true."""
+folded (kda's flush API) or left them (the documented flush plan kernel); absent = true.
+commit_layers ``records`` (``COMMIT_RECORDS``): the record row batch row b folds, that of its
+slot (``slot``, absent) or row b itself (``batch_row``); ``rule`` (``COMMIT_RULES``): the
+engine's align-mode rule, kda's (``kda``, absent) or the released vLLM engine's
+(docs/trace-format.md)."""
+COMMIT_RECORDS = ("slot", "batch_row")
+COMMIT_RULES = ("kda", "vllm-0.33.0")

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from traces.format.roles import (  # noqa: F401  (the roles are part of the schema's names)
-    ATTRS, BUFFERS, CONV_STATE, EXPECTED, INPUTS, LAYER_BUFFERS, PARAMS, PLAN_FIELDS, SHARED_BUFFERS, WRITE_GROUPS,
-    Role,
+    ATTRS, BUFFERS, COMMIT_RECORDS, COMMIT_RULES, CONV_STATE, EXPECTED, INPUTS, LAYER_BUFFERS, PARAMS, PLAN_FIELDS,
+    SHARED_BUFFERS, WRITE_GROUPS, Role,
 )
 
 FORMAT_NAME = "kda-trace"
@@ -389,6 +389,9 @@ def _event(index: int, raw: Any, num_layers: int = 1) -> Event:
             f"{where} ({op}): attrs.layer must be a layer index in [0, {num_layers - 1}], got {layer!r}")
     _expect(isinstance(attrs.get("consume_pending", True), bool),
             f"{where} ({op}): attrs.consume_pending must be true or false, got {attrs.get('consume_pending')!r}")
+    for attr, values in (("records", COMMIT_RECORDS), ("rule", COMMIT_RULES)):
+        _expect(attrs.get(attr, values[0]) in values,
+                f"{where} ({op}): attrs.{attr} must be one of {', '.join(values)}, got {attrs.get(attr)!r}")
     for group in WRITE_GROUPS if op == "write" else ():
         present = [role for role in group if role in inputs]
         _expect(len(present) in (0, len(group)), f"{where} ({op}): inputs {', '.join(group)} come together")

@@ -106,7 +106,8 @@ class _Checker:
         if self.m.conv is None and (conv_roles or event.op == "commit_layers"):
             what = "commit_layers" if event.op == "commit_layers" else sorted(conv_roles)[0]
             raise TraceError(f"{where}: {what} needs conv state; the trace has none (no 'conv' section)")
-        if event.op == "commit_layers" and self.m.sizes.num_record_rows != self.m.sizes.num_slots:
+        by_slot = event.attrs.get("records", "slot") == "slot"
+        if event.op == "commit_layers" and by_slot and self.m.sizes.num_record_rows != self.m.sizes.num_slots:
             raise TraceError(f"{where}: the engine's commit keeps a record row per slot; the trace has "
                              f"{self.m.sizes.num_record_rows} record rows for {self.m.sizes.num_slots} slots")
         for section, roles in (("inputs", INPUTS[event.op]), ("expected", EXPECTED[event.op])):
@@ -117,9 +118,11 @@ class _Checker:
         batch = bound.get("B", 0)
         if event.op != "verify" and batch > self.m.sizes.plan_rows:
             raise TraceError(f"{where}: batch of {batch} rows exceeds the plan's {self.m.sizes.plan_rows} rows")
-        own_rows = event.op in ("verify", "commit") and "record_indices" not in event.inputs
+        own_rows = (event.op in ("verify", "commit") and "record_indices" not in event.inputs
+                    or event.op == "commit_layers" and not by_slot)
         if own_rows and batch > self.m.sizes.num_record_rows:
-            raise TraceError(f"{where}: without record_indices, {batch} rows need {batch} record rows, "
+            why = "records by batch row" if event.op == "commit_layers" else "without record_indices"
+            raise TraceError(f"{where}: {why}, {batch} rows need {batch} record rows, "
                              f"the trace has {self.m.sizes.num_record_rows}")
         lane = bound.get("Ttot", 0) * self.m.dims.H * max(self.m.dims.K, self.m.dims.V)
         if lane > INT32_MAX:  # the kernels offset tokens in int32

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from traces.impl.release import RELEASE_SURFACE, ReleaseImpl, has_release_surface
 from traces.impl.surface import SURFACE, SurfaceImpl, has_surface
 
 API = {
@@ -35,9 +36,10 @@ class ImplError(ValueError):
 BUFFER_API = ("KDARecoverSSMRecords", "CommitPlan", "allocate_records", "NULL_BLOCK_ID")
 
 
-def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl:
+def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl | ReleaseImpl:
     """Import the implementation named by ``spec`` and return its module, or a
-    ``SurfaceImpl`` over it when it has the documented surface but not the five functions.
+    ``SurfaceImpl`` over it when it has the documented surface but not the five functions, or
+    a ``ReleaseImpl`` when it has the released engine's stock surface.
 
     The result exposes the five ``API`` functions and the ``BUFFER_API`` names (filled in
     from ``kernels.buffers`` where the module does not define them). Raises ``ImplError``
@@ -62,10 +64,15 @@ def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl:
     missing = [fn for fn in API.values() if not callable(getattr(module, fn, None))]
     if missing and has_surface(module):
         return SurfaceImpl(module, spec)
+    if missing and has_release_surface(module):
+        return ReleaseImpl(module, spec)
     if missing:
         lacks = [name for name in SURFACE if not hasattr(module, name)]
+        release = [name for name in RELEASE_SURFACE if not hasattr(module, name)] or [
+            "kda_recoverssm_verify without record_indices and a commit context whose plan is its own columns"]
         raise ImplError(f"{option} {spec}: the module lacks {', '.join(missing)} (the five-function API), "
-                        f"or {', '.join(lacks)} (the documented surface)")
+                        f"or {', '.join(lacks)} (the documented surface), or {', '.join(release)} (the released "
+                        "stock surface)")
     from kernels import buffers
 
     for name in BUFFER_API:

@@ -90,8 +90,9 @@ class SurfaceImpl:
 
 
 def op_routes(impl, name: str) -> dict[str, str]:
-    """Op -> the implementation it runs through: ``impl.routes`` for a ``SurfaceImpl``, else
-    ``name`` for every op."""
+    """Op -> the implementation it runs through: ``impl.routes`` for a ``SurfaceImpl`` or a
+    ``ReleaseImpl``, else ``name`` for every op."""
     from traces.impl.loader import API
 
-    return dict(impl.routes) if isinstance(impl, SurfaceImpl) else {op: name for op in API}
+    routes = getattr(impl, "routes", None)
+    return dict(routes) if isinstance(routes, dict) else {op: name for op in API}

@@ -12,26 +12,43 @@ trace's shared plan. ``commit(...)`` becomes a ``commit_layers`` event spanning 
 its expected results the slots it wrote, every layer's states there and every layer's first
 ``W - 1`` conv entries there.
 
+The released engine's context (vLLM 0.33.0, ``traces.impl.release.is_release_context``) is
+recorded the same way: its layers' ``kv_cache = (conv_state, checkpoint_state)`` and
+``recoverssm_records``, the conv layout from its module's ``is_conv_state_dim_first()``, its
+plan its own four columns, and each commit an event of records by batch row under the
+release's align-mode rule (attrs ``records`` and ``rule``). ``backend="cute"`` (SM10x) is
+said on stderr and in the provenance: the CuTe verify runs outside the patched module.
+
 Arguments are read by kda's names (``create``'s ``layers``, ``spec_query_len`` and
 ``conv_dim_first``; ``commit``'s ``COMMIT_ARGS`` and the optional four). What the recorder
 cannot read that way, and what a trace of format v2 cannot hold, ends the recording
 (``stopped_by``, and one line on stderr) before it, never a wrong trace, and the call runs
 as it would unrecorded: a context of several layers when the recording chose some only, a
 context's layer used under another number before ``create``, layers of differing shapes, a
-conv state in another dtype than the activations, a context without a plan buffer, and a
-raw kernel (a defer, a flush plan) launched inside the commit.
+conv state in another dtype than the activations, a context without a plan (a ``plan`` buffer,
+or the four plan columns of its own), and a raw kernel (a defer, a flush plan) launched
+inside the commit.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from traces.format.schema import PLAN_FIELDS
+from traces.impl.release import RECORDS, RULE, is_release_context
+from traces.record.program_call import ProgramCall
 from traces.record.recorder import capturing, same_tensor, written_slots
+
+CUTE_NOTE = ("verify: the release's CuTe backend (SM10x, bf16 state) verifies through CuteRecoverSSMVerify, outside "
+             "the patched module, so no verify is recorded (its records are writes) and only the commits are checked; "
+             "serve with a float32 SSM state (vLLM's --mamba-ssm-cache-dtype float32) to run and record the Triton "
+             "backend")
+"""What a recording of the release's context under ``backend="cute"`` does not hold, and why."""
 
 COMMIT_ARGS = ("num_accepted_tokens", "state_indices", "query_start_loc")
 """What a recorded ``commit`` takes by these names (kda's), besides ``request_indices``,
@@ -40,10 +57,11 @@ COMMIT_ARGS = ("num_accepted_tokens", "state_indices", "query_start_loc")
 
 class CommitContextRecording:
     """What ``traces.record.patch.PatchRecorder`` does with a commit context (module docstring).
-    Needs the recorder's ``chosen`` layers, ``_depth``, ``route`` machinery and event API."""
+    Needs the recorder's ``chosen`` layers, ``_depth``, ``route`` machinery, ``guarded`` and
+    event API."""
 
     def init_context_recording(self) -> None:
-        self._contexts: set[int] = set()  # ids of the contexts bound to the trace
+        self._contexts: dict[int, tuple] = {}  # bound context id -> (its plan, the columns it mirrors, event attrs)
         self._in_commit: str | None = None  # the context commit running, while it runs
         self._unrepresentable: str | None = None
 
@@ -71,24 +89,41 @@ class CommitContextRecording:
             self.skip("commit_context")
             return context
         try:
+            self._read_context(create, klass, context, args, kwargs)
+        except Exception as exc:  # the recorder's own failure: the program goes on with its context
+            self._stop(f"{klass.__name__}.create: the recorder failed ({type(exc).__name__}: {exc})")
+        return context
+
+    def _read_context(self, create, klass, context, args: tuple, kwargs: dict) -> None:
+        """Bind a created context's layers to the trace, or stop the recording."""
+        try:
             a = _arguments(create, klass, args, kwargs)
             models = [_layer_fields(layer) for layer in a["layers"]]
             spec_query_len = int(a["spec_query_len"])
+            conv_dim_first = a.get("conv_dim_first")
+            if conv_dim_first is None and callable(create.__globals__.get("is_conv_state_dim_first")):
+                conv_dim_first = bool(create.__globals__["is_conv_state_dim_first"]())
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             self._stop(f"{klass.__name__}.create: its layers cannot be read as kda's ({type(exc).__name__}: {exc})")
-            return context
-        self._bind_context(context, models, spec_query_len, a.get("conv_dim_first"))
-        return context
+            return
+        release = is_release_context(klass)
+        if a.get("backend") == "cute":
+            self.provenance.setdefault("not_recorded", []).append(CUTE_NOTE)
+            print(f"kda record: {CUTE_NOTE}", file=sys.stderr)
+        attrs = {"records": RECORDS, "rule": RULE} if release else {}
+        self._bind_context(context, models, spec_query_len, conv_dim_first, attrs)
 
-    def _bind_context(self, context, models: list[tuple], spec_query_len: int, conv_dim_first: bool | None) -> None:
-        """Bind the context's layers (``_layer_fields`` of each) to trace layers 0.., or stop."""
+    def _bind_context(self, context, models: list[tuple], spec_query_len: int, conv_dim_first: bool | None,
+                      attrs: dict[str, str]) -> None:
+        """Bind the context's layers (``_layer_fields`` of each) to trace layers 0.., or stop;
+        ``attrs``: those of its ``commit_layers`` events."""
         if self.chosen != "all" and len(models) > 1:
             self._stop(f"a commit context holds {len(models)} layers and --layers {','.join(map(str, self.chosen))} "
                        "chose some: record it with --layers all")
             return
-        plan = getattr(context, "plan", None)
-        if plan is None or not all(isinstance(getattr(plan, f, None), torch.Tensor) for f in PLAN_FIELDS):
-            self._stop(f"{type(context).__name__} has no plan buffer (context.plan with the columns "
+        plan, mirrored = context_plan(context)
+        if plan is None:
+            self._stop(f"{type(context).__name__} has no plan (context.plan, or columns of its own, "
                        f"{', '.join(PLAN_FIELDS)})")
             return
         for i, (kv_cache, A_log, dt_bias, lower_bound) in enumerate(models):
@@ -124,7 +159,7 @@ class CommitContextRecording:
             self.bind_conv(conv, "dim_first" if dim_first else "token_first", entries - spec_query_len + 2)
             if self._lower_bound is None:
                 self._lower_bound = (lower_bound,)
-        self._contexts.add(id(context))
+        self._contexts[id(context)] = (plan, mirrored, attrs)
 
     # -- commit -----------------------------------------------------------------------
 
@@ -154,34 +189,40 @@ class CommitContextRecording:
             return commit(context, *args, **kwargs)
         self._drop_flush()
         self._depth += 1
+        call = ProgramCall(commit, (context, *args), kwargs)
         try:
-            return self._record_commit(commit, context, args, kwargs, a, B)
+            return self.guarded(f"{type(context).__name__}.commit", call,
+                                lambda: self._record_commit(call, context, a, B))
         finally:
             self._depth -= 1
 
-    def _record_commit(self, commit, context, args, kwargs, a: dict, B: int):
+    def _record_commit(self, call: ProgramCall, context, a: dict, B: int):
         state_indices, block_table = a["state_indices"], a.get("block_table")
         requests = a.get("request_indices")
+        plan, mirrored, context_attrs = self._contexts[id(context)]
         inputs = {"num_accepted": a["num_accepted_tokens"], "state_indices": state_indices,
                   "query_start_loc": a["query_start_loc"], "request_indices": None if requests is None else requests[:B],
                   "block_table": block_table, "num_computed": a.get("num_computed_tokens")}
-        attrs = {"block_size": int(a["mamba_block_size"])} if block_table is not None else {}
+        attrs = {**({"block_size": int(a["mamba_block_size"])} if block_table is not None else {}), **context_attrs}
         touched = state_indices.reshape(-1)
         if block_table is not None:  # align mode: the plan's final and boundary slots come from the table
             touched = torch.cat([touched, block_table.reshape(-1).to(touched.device, touched.dtype)])
+        by_row = context_attrs.get("records") == RECORDS
+        rows = torch.arange(B, dtype=torch.int32, device=state_indices.device) if by_row else state_indices
         layers = list(range(len(self._books)))
-        event = self._begin("commit_layers", inputs, attrs, touched, state_indices, {}, self._lower_bound,
-                            layers=layers)
+        event = self._begin("commit_layers", inputs, attrs, touched, rows, {}, self._lower_bound, layers=layers)
         self._in_commit, self._unrepresentable = f"{type(context).__name__}.commit", None
         try:
-            result = self._call(event, lambda: commit(context, *args, **kwargs))
+            result = self._call(event, call)
+            for field, column in (mirrored or {}).items():  # the plan the commit left, in the trace's copy
+                getattr(plan, field)[:B].copy_(column[:B])
         finally:
             self._in_commit = None
         if self._unrepresentable is not None:
             self._discard(event)
             self._stop(self._unrepresentable)
             return result
-        slots = written_slots(context.plan, state_indices, state_indices)
+        slots = written_slots(plan, state_indices, rows)
         pools = [self._books[i].bound["checkpoint_state"] for i in layers]
         convs = [self._books[i].bound["conv_state"] for i in layers]
         history = self._conv["width"] - 1
@@ -204,11 +245,30 @@ def _arguments(function, first, args: tuple, kwargs: dict) -> dict[str, Any]:
     return out
 
 
+def context_plan(context) -> tuple[Any, dict[str, torch.Tensor] | None]:
+    """A commit context's plan as the trace holds it, and the columns it mirrors: its ``plan``
+    buffer itself (``None``), or, for the release's four columns of its own (allocated empty,
+    each row written by a commit before it is read), a zeroed copy of the recorder's own that
+    each recorded commit brings up to date (the columns); ``(None, None)`` when it has neither."""
+    plan = getattr(context, "plan", None)
+    if plan is not None and all(isinstance(getattr(plan, f, None), torch.Tensor) for f in PLAN_FIELDS):
+        return plan, None
+    if all(isinstance(getattr(context, f, None), torch.Tensor) for f in PLAN_FIELDS):
+        columns = {f: getattr(context, f) for f in PLAN_FIELDS}
+        return SimpleNamespace(**{f: torch.zeros_like(t) for f, t in columns.items()}), columns
+    return None, None
+
+
 def _layer_fields(layer) -> tuple[tuple, Any, Any, Any]:
-    """``(kv_cache, A_log, dt_bias, gate_lower_bound)`` of a context's layer: an object with
-    those attributes, or a tuple in ``kernels.commit_context.CommitLayer``'s order."""
+    """``(kv_cache, A_log, dt_bias, gate_lower_bound)`` of a context's layer, ``kv_cache`` as
+    kda's four buffers: an object with those attributes (the release's ``kv_cache =
+    (conv_state, checkpoint_state)`` with its records in ``recoverssm_records``), or a tuple in
+    ``kernels.commit_context.CommitLayer``'s order."""
     if hasattr(layer, "kv_cache"):
-        return tuple(layer.kv_cache), layer.A_log, layer.dt_bias, layer.gate_lower_bound
+        kv_cache = tuple(layer.kv_cache)
+        if len(kv_cache) == 2:
+            kv_cache += (layer.recoverssm_records.correction, layer.recoverssm_records.key_gate)
+        return kv_cache, layer.A_log, layer.dt_bias, layer.gate_lower_bound
     kv_cache, A_log, dt_bias, _, _, lower_bound = layer
     return tuple(kv_cache), A_log, dt_bias, lower_bound
 

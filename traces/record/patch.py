@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from traces.record.commit_context import CommitContextRecording
+from traces.record.program_call import ProgramCall
 from traces.record.recorder import PLAN_FIELDS, Recorder, RecordError, capturing, written_slots
 
 ENV_PATCH = "KDA_RECORD_PATCH"
@@ -152,62 +153,90 @@ class PatchRecorder(CommitContextRecording, Recorder):
         return True
 
     def call_function(self, name: str, originals: SimpleNamespace, args: tuple, kwargs: dict):
-        """A patched function's call: recorded through ``originals`` (the module's own)."""
-        original = getattr(originals, name)
+        """A patched function's call: recorded, and run exactly as the program made it (the
+        module's own function, its own arguments); the parts of a fused call through
+        ``originals``, the module's own functions."""
+        call = ProgramCall(getattr(originals, name), args, kwargs)
         if self._depth:
-            return original(*args, **kwargs)
+            return call()
         if capturing():
             self.skip("captured")
-            return original(*args, **kwargs)
-        bound = dict(_SIGNATURES[name].bind(self, *args, **kwargs).arguments)
-        del bound["self"]
+            return call()
+        bound = kda_arguments(name, call)
+        if isinstance(bound, str):
+            self._stop(f"{name}: {bound}")
+            return call()
         plan = bound.get("plan")
         if not self.route(bound.get("checkpoint_state"), bound.get("pending"),
                           None if plan is None else plan.commit_lens):
             self.skip("other_layer")
-            return original(*args, **kwargs)
+            return call()
         missing = [part for part in FUSED_PARTS.get(name, ()) if not callable(getattr(originals, part, None))]
         if missing:  # the state it changes unrecorded: the trace ends before it
             self.stopped = self.stopped or f"{name} without {' and '.join(missing)}"
-            return original(*args, **kwargs)
+            return call()
         if name != "kda_recoverssm_commit":
             self._drop_flush()
         self._depth += 1
-        saved, self.impl = self.impl, originals
+        saved = self.impl
+        self.impl = originals if name in FUSED_PARTS else SimpleNamespace(**{name: call})
         try:
             if name == "kda_recoverssm_commit" and self._flush is not None:
-                return self._finish_flush(original, bound)
-            return getattr(self, name)(*args, **kwargs)
+                return self.guarded(name, call, lambda: self._finish_flush(call, bound))
+            return self.guarded(name, call, lambda: getattr(self, name)(**bound))
         finally:
             self.impl = saved
             self._depth -= 1
 
+    def guarded(self, what: str, call: "ProgramCall", record):
+        """``record()``: the recording of ``call``, which runs it once. Should the recording
+        itself fail, it stops there (``stopped_by``, one line on stderr) and the program's call
+        runs (or has run) once, as unrecorded; the call's own exceptions reach the program
+        unchanged."""
+        try:
+            return record()
+        except Exception as exc:
+            if call.error is not None:
+                raise
+            self._stop(f"{what}: the recorder failed ({type(exc).__name__}: {exc}); the program runs on unrecorded")
+            return call()
+
     def launch_kernel(self, name: str, launch, grid, args: tuple, kwargs: dict):
-        """A patched raw kernel's ``kernel[grid](*args, **kwargs)``: run, and recorded."""
+        """A patched raw kernel's ``kernel[grid](*args, **kwargs)``: run as launched, and recorded."""
         if self._depth:
             self.launched_inside(name)
             return launch(*args, **kwargs)
         if capturing():
             self.skip("captured")
             return launch(*args, **kwargs)
+        call = ProgramCall(launch, args, kwargs)
         p = {**dict(zip(RAW_KERNELS[name], args)), **kwargs}
+        if not isinstance(p.get("pending_ptr"), torch.Tensor):
+            self._stop(f"{name} launched without its documented pending_ptr")
+            return call()
         if not self.route(pending=p["pending_ptr"]):
             self.skip("other_layer")
-            return launch(*args, **kwargs)
+            return call()
         if not (isinstance(grid, (tuple, list)) and len(grid) == 1):  # not one program a row: rows unknown
             self.stopped = self.stopped or f"{name} launched on a grid other than (rows,)"
-            return launch(*args, **kwargs)
-        B = int(grid[0])
-        state_indices = torch.as_strided(p["state_indices_ptr"], (B,), (int(p["stride_state_indices"]),),
-                                         p["state_indices_ptr"].storage_offset())
+            return call()
+        unknown = [param for param in RAW_KERNELS[name] if param != "SPEC_QUERY_LEN" and param not in p]
+        if unknown:
+            self._stop(f"{name} launched without its documented {', '.join(unknown)}")
+            return call()
         self._drop_flush()
         self._depth += 1
         try:
-            if name == "_defer_commit_kernel":
-                return self._record_defer(launch, args, kwargs, B, state_indices, p)
-            return self._start_flush(launch, args, kwargs, B, state_indices, p)
+            return self.guarded(name, call, lambda: self._record_launch(name, call, int(grid[0]), p))
         finally:
             self._depth -= 1
+
+    def _record_launch(self, name: str, call: "ProgramCall", B: int, p: dict):
+        state_indices = torch.as_strided(p["state_indices_ptr"], (B,), (int(p["stride_state_indices"]),),
+                                         p["state_indices_ptr"].storage_offset())
+        if name == "_defer_commit_kernel":
+            return self._record_defer(call, B, state_indices, p)
+        return self._start_flush(call, B, state_indices, p)
 
     def _drop_flush(self) -> None:
         """A flush plan whose commit never came: not an event (counted)."""
@@ -224,35 +253,36 @@ class PatchRecorder(CommitContextRecording, Recorder):
             return bound
         return t
 
-    def _record_defer(self, launch, args, kwargs, B, state_indices, p):
+    def _record_defer(self, call, B, state_indices, p):
         commit_lens, pending, eager = self._plan_column("commit_lens", p["commit_lens_ptr"]), p["pending_ptr"], \
             p["eager_ptr"]
         bind = {"plan.commit_lens": commit_lens, "pending": pending}
         if not self._wants("defer", bind, None, None, lower_bound_used=False):
-            return launch(*args, **kwargs)
+            return call()
         inputs = {"state_indices": state_indices, "record_rows": p["record_rows_ptr"][:B],
                   "eager": None if eager is None else eager[:B]}
         event = self._begin("defer", inputs, {}, None, None, bind)
-        result = self._call(event, lambda: launch(*args, **kwargs))
+        result = self._call(event, call)
         self._end(event, {"pending": pending, "commit_lens": commit_lens[:B]})
         return result
 
-    def _start_flush(self, launch, args, kwargs, B, state_indices, p):
+    def _start_flush(self, call, B, state_indices, p):
         """Run the flush plan; the event is written when its commit comes (``_finish_flush``),
         with ``pending`` as it was before this launch."""
         plan = {f: self._plan_column(f, p[f"{f}_ptr"]) for f in PLAN_FIELDS}
         bind = {**{f"plan.{f}": t for f, t in plan.items()}, "pending": p["pending_ptr"]}
         if not self._wants("flush", bind, None, None, lower_bound_used=False):
-            return launch(*args, **kwargs)
+            return call()
         before = {"pending": p["pending_ptr"].clone(), **{f"plan.{f}": t.clone() for f, t in plan.items()}}
-        result = launch(*args, **kwargs)
+        result = call()
         self._flush = {"state_indices": state_indices, "record_rows": p["record_rows_ptr"][:B], "plan": plan,
                        "pending": p["pending_ptr"], "before": before}
         return result
 
-    def _finish_flush(self, commit, a: dict[str, Any]):
-        """The commit after a flush plan: one flush event over both, when it commits that plan
-        for those rows; else the flush plan is dropped (counted) and the commit recorded."""
+    def _finish_flush(self, run, a: dict[str, Any]):
+        """The commit after a flush plan (``run``: the program's commit call, ``a`` its
+        arguments by kda's names): one flush event over both, when it commits that plan for
+        those rows; else the flush plan is dropped (counted) and the commit recorded."""
         flush, self._flush = self._flush, None
         plan = a["plan"]
         rows = a.get("record_indices")
@@ -266,8 +296,6 @@ class PatchRecorder(CommitContextRecording, Recorder):
         bind = {"checkpoint_state": pool, "records.correction": records.correction,
                 "records.key_gate": records.key_gate, "A_log": a["A_log"], "dt_bias": a["dt_bias"],
                 **{f"plan.{f}": t for f, t in flush["plan"].items()}, "pending": pending}
-        run = functools.partial(commit, pool, records, a["A_log"], a["dt_bias"], a["lower_bound"],
-                                a["state_indices"], plan, record_indices=rows)
         if not self._wants("flush", bind, a["lower_bound"], None):
             return run()
         # the event begins where the flush plan launch did: its snapshots and writes see the
@@ -290,6 +318,46 @@ class PatchRecorder(CommitContextRecording, Recorder):
 
 
 _SIGNATURES = {name: inspect.signature(getattr(Recorder, name)) for name in FUNCTIONS}
+
+
+def kda_arguments(name: str, call: ProgramCall) -> dict[str, Any] | str:
+    """``call``'s arguments by the names of kda's ``name`` (``Recorder``'s signature), read
+    through the called function's own signature (a module's function may take a subset of
+    kda's parameters, in its own order); or why they cannot be: a parameter kda lacks given a
+    value other than its default, or one kda requires that the function does not take. When
+    the call does not bind to its function, kda's signature reads it (the call itself will
+    then raise as it would unrecorded)."""
+    kda = dict(_SIGNATURES[name].parameters)
+    del kda["self"]
+    try:
+        own = inspect.signature(call.function)
+        bound = own.bind(*call.args, **call.kwargs)
+    except (TypeError, ValueError):
+        try:
+            bound = _SIGNATURES[name].bind(None, *call.args, **call.kwargs)
+        except TypeError as exc:
+            return f"its arguments cannot be read by kda's names ({exc})"
+        return {param: value for param, value in bound.arguments.items() if param != "self"}
+    out: dict[str, Any] = {}
+    for param, value in bound.arguments.items():
+        spec = own.parameters[param]
+        if spec.kind is inspect.Parameter.VAR_KEYWORD:
+            items = value.items()
+        elif spec.kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return f"its *{param} arguments cannot be read by kda's names"
+            continue
+        else:
+            items = [(param, value)]
+        for key, item in items:
+            if key in kda:
+                out[key] = item
+            elif not (spec.kind is not inspect.Parameter.VAR_KEYWORD and item is spec.default):
+                return f"its parameter {key} is not one of kda's, so the call cannot be recorded"
+    lacking = [p for p, spec in kda.items() if spec.default is inspect.Parameter.empty and p not in out]
+    if lacking:
+        return f"it takes no {', '.join(lacking)}, so the call cannot be recorded"
+    return out
 
 
 class RecordedKernel:

@@ -3,12 +3,14 @@
 ``open_commit_context`` is the one place a replay builds the commit context it runs those
 events through: ``kernels.reference_context.ReferenceCommitContext`` for ``--impl
 reference``, the implementation's own ``KDARecoverSSMCommitContext`` where its module has
-one, else kda's (``kernels.commit_context``). The context plans into the trace's shared
-plan buffer, so that the plan a ``commit_layers`` event leaves is the trace's like any other.
+one, else kda's (``kernels.commit_context``), for the records and align-mode rule the
+event names (attrs ``records`` and ``rule``). The context plans into the trace's shared plan
+buffer, so that the plan a ``commit_layers`` event leaves is the trace's like any other.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from traces.format.schema import ConvSpec
@@ -26,15 +28,16 @@ def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
         return ReferenceCommitContext, "reference (kernels.reference_context)"
     own = getattr(impl, "KDARecoverSSMCommitContext", None)
     if own is not None and own is not KDARecoverSSMCommitContext:
-        return own, f"{name or getattr(impl, '__name__', '?')} (KDARecoverSSMCommitContext)"
+        return own, getattr(own, "route", None) or f"{name or getattr(impl, '__name__', '?')} (KDARecoverSSMCommitContext)"
     return KDARecoverSSMCommitContext, "triton (kernels.commit_context)"
 
 
 def open_commit_context(impl, layers: list[Buffers], conv: ConvSpec, spec_query_len: int,
-                        lower_bound: float | None):
-    """A commit context over the replay's ``layers`` (each with its conv state pool, records
-    per slot), for windows of ``spec_query_len`` tokens and batches of up to the shared
-    plan's rows; its plan is that shared plan."""
+                        lower_bound: float | None, records: str = "slot", rule: str = "kda"):
+    """A commit context over the replay's ``layers`` (each with its conv state pool), for
+    windows of ``spec_query_len`` tokens and batches of up to the shared plan's rows, keeping
+    ``records`` under ``rule`` (``kernels.commit_rules``); its plan is that shared plan.
+    Raises ``ValueError`` when the context class cannot take them."""
     from kernels.commit_context import CommitLayer
 
     context_type, _ = commit_context_type(impl)
@@ -43,9 +46,30 @@ def open_commit_context(impl, layers: list[Buffers], conv: ConvSpec, spec_query_
     model = [CommitLayer((b.conv, b.pool, b.records.correction, b.records.key_gate), b.A_log, b.dt_bias, H, K,
                          lower_bound) for b in layers]
     context = context_type.create(model, spec_query_len=spec_query_len, max_num_reqs=first.plan.max_batch,
-                                  conv_dim_first=conv.layout == "dim_first")
+                                  conv_dim_first=conv.layout == "dim_first",
+                                  **context_options(context_type, records, rule))
     context.plan = first.plan
     return context
+
+
+def context_options(context_type, records: str, rule: str) -> dict[str, str]:
+    """``create``'s ``records`` and ``rule`` for ``context_type``: both where it takes them;
+    none where it takes neither and they are kda's (records per slot, kda's rule), which is
+    what such a context does. Raises ``ValueError`` otherwise."""
+    takes = inspect.signature(context_type.create).parameters
+    options = {}
+    for option, value, default in (("records", records, "slot"), ("rule", rule, "kda")):
+        if option in takes:
+            options[option] = value
+        elif value != default:
+            raise ValueError(f"{context_type.__name__}.create takes no {option}: it cannot replay a commit of "
+                             f"{option} {value!r} (docs/trace-format.md)")
+    return options
+
+
+def event_context_key(attrs: dict) -> tuple[str, str]:
+    """A ``commit_layers`` event's ``(records, rule)``, kda's where absent."""
+    return attrs.get("records", "slot"), attrs.get("rule", "kda")
 
 
 def commit_call(context, x: dict, attrs: dict):
