@@ -223,7 +223,7 @@ class Engine:
         align = dict(block_table=self.block_table, num_computed_tokens=self.num_computed,
                      mamba_block_size=self.block_size) if self.args.align else {}
         state_indices = self.spec_state_indices[:len(slots), 0]
-        with interpreter_state_commit(self.api, self.context, state_indices):
+        with interpreter_state_commit(self.context, state_indices):
             self.context.commit(self.num_accepted, state_indices, qsl,
                                 request_indices=torch.tensor(requests, dtype=torch.int32, device=DEVICE), **align)
         for request, n in zip(order, accepted):

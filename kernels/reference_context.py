@@ -25,8 +25,8 @@ def compact_conv_states(states, history: int, state_indices, plan: CommitPlan) -
             continue
         for conv in states:
             window = conv[source, :, n - 1:n - 1 + history].clone()
-            if boundary > NULL_BLOCK_ID and 0 < recovery <= n:
-                conv[boundary, :, :history] = conv[source, :, recovery - 1:recovery - 1 + history]
+            if boundary > NULL_BLOCK_ID and 0 < recovery <= n:  # read before any write: it may be the source
+                conv[boundary, :, :history] = conv[source, :, recovery - 1:recovery - 1 + history].clone()
             conv[final, :, :history] = window
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from contextlib import contextmanager
 from types import ModuleType, SimpleNamespace
 
@@ -160,7 +161,7 @@ class ReleaseContext:
                num_computed_tokens=None, mamba_block_size=None) -> None:
         """The module's ``commit``; then its plan columns' first ``B`` rows to ``plan``."""
         B = state_indices.shape[0]
-        with interpreter_state_commit(self.module, self.context, state_indices):
+        with interpreter_state_commit(self.context, state_indices):
             self.context.commit(num_accepted_tokens, state_indices, query_start_loc, request_indices=request_indices,
                                 block_table=block_table, num_computed_tokens=num_computed_tokens,
                                 mamba_block_size=mamba_block_size)
@@ -170,16 +171,18 @@ class ReleaseContext:
 
 
 @contextmanager
-def interpreter_state_commit(module: ModuleType, context, state_indices):
+def interpreter_state_commit(context, state_indices):
     """Under the Triton interpreter, which cannot run the release's state commit (it reads its
-    layers through pointer tables), that launch of ``context.commit`` (``context``: the
-    module's commit context; ``state_indices`` the commit's) replaced by kda's fold, inside the
-    block, of the plan the module's commit leaves, on the context's own buffers: each layer's
-    records of batch row ``b``, rows with a null final slot folding nothing (the release's
-    rule). Elsewhere nothing is replaced."""
+    layers through pointer tables), that launch of ``context.commit`` (``context``: a release
+    commit context, or of a subclass; ``state_indices`` the commit's) replaced, inside the
+    block, by kda's fold of the plan the release's commit leaves, on the context's own
+    buffers: each layer's records of batch row ``b``, rows with a null final slot folding
+    nothing (the release's rule). Elsewhere nothing is replaced."""
     if not interpreted():
         yield
         return
+    module = next(sys.modules[c.__module__] for c in type(context).__mro__
+                  if hasattr(sys.modules.get(c.__module__), STATE_KERNEL))
     with _replaced(module, STATE_KERNEL, _KdaStateCommit(context, state_indices)):
         yield
 
