@@ -200,8 +200,8 @@ class Engine:
             self.static_qsl, self.static = qsl.clone(), fresh
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up on the capturing stream
-                self.forward(state_indices, self.static_qsl, self.static)
+            with torch.cuda.stream(stream):  # warm-up on the capturing stream, on padding rows only
+                self.forward(torch.full_like(state_indices, -1), self.static_qsl, self.static)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, stream=stream):

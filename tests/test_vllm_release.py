@@ -12,6 +12,7 @@ GPU only.
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def _fill(buffers, args: dict, lengths: list[int], gen: torch.Generator) -> None
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("align,dim_first", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("align,dim_first", [(False, True), (True, False)])
 def test_kdas_context_and_reference_follow_the_release(release, device, align, dim_first):
     """kda's context (records by batch row, the release's rule) and the float64 reference against
     the release's own context, two rounds: plan columns and conv states bit for bit, states
@@ -196,7 +197,8 @@ def test_an_engine_on_the_release_records_and_replays(release, mode, tmp_path, c
     through the release."""
     root, _ = release_tree()
     dim_first = mode != "stock"
-    engine_args = ["--steps", "4", "--seed", str(fresh_seed() % 1000)] + (["--align"] if dim_first else [])
+    engine_args = ["--steps", "3", "--layers", "2", "--seed", str(fresh_seed() % 1000)] + (
+        ["--align"] if dim_first else [])
     path = tmp_path / "release.safetensors"
     run = _record_engine(path, root, engine_args, dim_first=dim_first)
     assert run.returncode == 0, run.stderr
@@ -205,10 +207,10 @@ def test_an_engine_on_the_release_records_and_replays(release, mode, tmp_path, c
 
     with read_trace(path) as trace:
         commits = [e for e in trace.events if e.op == "commit_layers"]
-        assert trace.manifest.num_layers == 3 and len(commits) == 4
+        assert trace.manifest.num_layers == 2 and len(commits) == 3
         assert {(e.attrs["records"], e.attrs["rule"]) for e in commits} == {("batch_row", "vllm-0.33.0")}
         assert trace.manifest.conv.layout == ("dim_first" if dim_first else "token_first")
-        assert sum(e.op == "verify" for e in trace.events) == 12
+        assert sum(e.op == "verify" for e in trace.events) == 6
     monkeypatch.syspath_prepend(str(root))
     for impl, exact in (("triton", False), ("reference", False), (MODULE, True)):
         args = ["replay", str(path), "--impl", impl, "--no-progress"] + (["--atol", "0", "--rtol", "0"] if exact
@@ -217,32 +219,23 @@ def test_an_engine_on_the_release_records_and_replays(release, mode, tmp_path, c
         assert code == 0, f"{impl}: {out}{err}"
 
 
-def test_a_context_subclass_that_corrupts_a_state_is_reported_and_shrunk(release, tmp_path, capsys, monkeypatch):
+def test_a_context_subclass_that_corrupts_a_state_is_reported(release, tmp_path, capsys, monkeypatch):
     """A subclass of the release's context whose commit corrupts layer 1's state at one slot
-    (``tests/broken_impls/release_corrupts_state.py``): the replay through kda's kernels exits 1
-    naming layer 1, the slot and the coordinate, and ``kda repro`` writes a bundle that fails the
-    same way on a machine without vLLM (the tree off ``PYTHONPATH``)."""
+    (``tests/broken_impls/release_corrupts_state.py``), recorded as the engine's module: the
+    replay through kda's kernels exits 1 naming the commit, layer 1, the slot the plan wrote and
+    the coordinate."""
     root, _ = release_tree()
     path = tmp_path / "bug.safetensors"
     patch = "tests.broken_impls.release_corrupts_state"
-    run = _record_engine(path, root, ["--steps", "3", "--module", patch], patch=patch)
+    run = _record_engine(path, root, ["--steps", "2", "--layers", "2", "--module", patch], patch=patch)
     assert run.returncode == 0, run.stderr
     code, out, err = run_kda(["replay", str(path), "--format", "json", "--no-progress"], capsys, monkeypatch)
     assert code == 1, out + err
-    import json
-
-    report = json.loads(out)
-    bad = report["first_bad"] if "first_bad" in report else next(
-        c["first_bad"] for e in report["events"] for c in e["tensors"] if c.get("first_bad"))
+    failed = [e for e in json.loads(out)["events"] if not e["passed"]]
+    bad = next(t["first_bad"] for t in failed[0]["tensors"] if t["first_bad"])
     assert (bad["op"], bad["tensor"], bad["layer"]) == ("commit_layers", "states", 1), bad
     assert (bad["head"], bad["v"], bad["k"]) == (0, 1, 2), bad
-    bundle = tmp_path / "bundle"
-    code, out, err = run_kda(["repro", str(path), "--out", str(bundle), "--impl", "triton"], capsys, monkeypatch)
-    assert code == 1, out + err
-    env = {k: v for k, v in release_env(root).items() if k != "PYTHONPATH"}
-    replay = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True, env=env, timeout=600)
-    assert replay.returncode == 1, replay.stdout + replay.stderr
-    assert "commit_layers" in replay.stdout + replay.stderr
+    assert bad["slot"] > 0, bad
 
 
 def test_the_cute_backend_is_said_not_recorded(release, tmp_path, capsys):

@@ -91,8 +91,8 @@ class ReleaseImpl:
         ``record_indices`` (the seed's deferred path) cannot run through it (``ValueError``)."""
         if record_indices is not None:
             raise ValueError(f"{self.__name__}'s verify writes record row b for batch row b and takes no "
-                             "record_indices; this verify reads them (a deferred engine's trace): replay it "
-                             "through triton")
+                             "record_indices, which this call passes (the deferred path, which the release does "
+                             "not have): run it through triton")
         return self.module.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
                                                  checkpoint_state, self.KDARecoverSSMRecords(records.correction,
                                                                                              records.key_gate),
@@ -160,13 +160,15 @@ class ReleaseContext:
     def commit(self, num_accepted_tokens, state_indices, query_start_loc, request_indices=None, block_table=None,
                num_computed_tokens=None, mamba_block_size=None) -> None:
         """The module's ``commit``; then its plan columns' first ``B`` rows to ``plan``."""
+        import torch
+
         B = state_indices.shape[0]
         with interpreter_state_commit(self.context, state_indices):
             self.context.commit(num_accepted_tokens, state_indices, query_start_loc, request_indices=request_indices,
                                 block_table=block_table, num_computed_tokens=num_computed_tokens,
                                 mamba_block_size=mamba_block_size)
-        for column in PLAN_COLUMNS:
-            getattr(self.plan, column)[:B].copy_(getattr(self.context, column)[:B])
+        torch._foreach_copy_([getattr(self.plan, c)[:B] for c in PLAN_COLUMNS],
+                             [getattr(self.context, c)[:B] for c in PLAN_COLUMNS])  # one launch
 
 
 

@@ -101,6 +101,7 @@ class EventRecorder:
         self.events = self.calls = self.bytes = 0
         self.skipped: dict[str, int] = {}
         self.stopped: str | None = None
+        self.open_event: _Event | None = None  # begun, not yet ended
         self.closed = False
         self._books: list[_Book] = [_Book()]
         self._layer = 0
@@ -183,7 +184,8 @@ class EventRecorder:
         elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
             self.stopped = "max_bytes"
         # the trace now describes what the call touches and what it saw for the first time
-        return _Event(index, undo, regions, here)
+        self.open_event = _Event(index, undo, regions, here)
+        return self.open_event
 
     def _layer_attr(self, layers: list[int] | None) -> dict[str, int]:
         """The ``layer`` attr of a per-layer event on the current layer (none on layer 0 or for
@@ -202,6 +204,7 @@ class EventRecorder:
     def _discard(self, event: "_Event") -> None:
         """Undo ``event`` (begun, not ended): its shard removed, what it bound and saw forgotten."""
         (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
+        self.open_event = None
         self.events -= 1
         books, self._seen_whole, self._lower_bound, self.stopped, self.bytes, self._max_batch, self.calls = event.undo
         self._books[:len(books)] = books
@@ -210,6 +213,7 @@ class EventRecorder:
     def _end(self, event: "_Event", expected: dict[str, torch.Tensor]) -> None:
         tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
         self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
+        self.open_event = None
         for layer, region in event.regions.items():
             self.select_layer(layer)
             self._note(*region)

@@ -198,6 +198,8 @@ class PatchRecorder(CommitContextRecording, Recorder):
         except Exception as exc:
             if call.error is not None:
                 raise
+            if self.open_event is not None:  # an event half written is no event of the trace
+                self._discard(self.open_event)
             self._stop(f"{what}: the recorder failed ({type(exc).__name__}: {exc}); the program runs on unrecorded")
             return call()
 
