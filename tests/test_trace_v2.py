@@ -194,6 +194,14 @@ def _one_layer_without_final(m, t):
     m["layers"][2]["final"] = {}
 
 
+def _unknown_records(m, t):
+    _commit_layers(m)["attrs"]["records"] = "request"
+
+
+def _unknown_rule(m, t):
+    _commit_layers(m)["attrs"]["rule"] = "vllm-0.34"
+
+
 def _write_to_a_slot_twice(m, t):
     write = next(e for e in m["events"] if e["op"] == "write" and "conv_slots" in e["inputs"]
                  and t[e["inputs"]["conv_slots"]].numel() > 1)
@@ -213,8 +221,10 @@ def _write_to_a_slot_twice(m, t):
     (_width_one, "conv.width must be at least 2"),
     (_one_layer_without_final, "final names the buffers of some layers or of the plan but not of all"),
     (_write_to_a_slot_twice, "appears more than once"),
+    (_unknown_records, "attrs.records must be one of slot, batch_row, got 'request'"),
+    (_unknown_rule, "attrs.rule must be one of kda, vllm-0.33.0, got 'vllm-0.34'"),
 ], ids=["layer-index", "conv-layout", "request-index", "aliasing", "conv-shape", "commit-without-conv",
-        "windows-without-slots", "conv-width", "partial-final", "conv-slot-twice"])
+        "windows-without-slots", "conv-width", "partial-final", "conv-slot-twice", "records", "rule"])
 def test_hostile_v2_manifests_are_refused_with_one_line(v2_trace, tmp_path, capsys, monkeypatch, edit, message):
     bad = rewrite(v2_trace, tmp_path / "bad.safetensors", edit)
     code, out, err = run_kda(["replay", str(bad), "--no-progress"], capsys, monkeypatch)
