@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, parse_ints, parse_range, parse_tolerances, resolve_range
+from kda_cli.options import check_format, force_option, parse_ints, parse_range, parse_tolerances, resolve_range
 from kda_cli.output import Progress, duration, emit, implementation_prints, make_console, note, plural, printable
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 from kda_cli.sample import trace_path
@@ -47,6 +47,7 @@ def replay(
                                            "ray://host:port, or local for a Ray instance started here)."),
     ray_ship: bool = typer.Option(False, "--ray-ship", help="Corpus on Ray: send each trace's bytes with its task "
                                                             "(default: tasks read the path, on a shared file system)."),
+    force: bool = force_option("the --junit-xml file"),
 ) -> None:
     """Replay a trace's events and compare every result with the recorded one.
 
@@ -68,7 +69,7 @@ def replay(
         from kda_cli.commands.replay_corpus import replay_corpus
 
         return replay_corpus(traces, impl=impl, format=format, stop_at_first=stop_at_first, tolerances=tolerances,
-                             workers=workers, junit_xml=junit_xml, ray=ray, ship=ray_ship)
+                             workers=workers, junit_xml=junit_xml, ray=ray, ship=ray_ship, force=force)
     if trace is not None and not trace.is_file():
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported
