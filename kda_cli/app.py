@@ -54,6 +54,17 @@ def _print_error(message: str) -> None:
     make_console(stderr=True).print(f"[bold red]Error:[/] {escape(printable(message))}", markup=True)
 
 
+def _print_traceback(exc: BaseException) -> None:
+    """``exc``'s traceback after those of the exceptions it came from, those it was raised
+    ``from None`` over included: an implementation's own frames are where the fault is."""
+    seen, link = set(), exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__suppress_context__ = False
+        link = link.__cause__ or link.__context__
+    traceback.print_exception(exc)
+
+
 def _usage_error(exc: Exception) -> str:
     """Click's usage error as one line, with where to find the usage."""
     ctx = getattr(exc, "ctx", None)
@@ -78,7 +89,7 @@ def main() -> None:
         sys.exit(error.code)
     except CommandError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback(exc)
         _print_error(str(exc))
         sys.exit(exc.code)
     except (typer.Exit, SystemExit) as exc:
@@ -91,7 +102,7 @@ def main() -> None:
     except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
         # a path the user named cannot be read or written: bad input, not a runtime failure
         if debug:
-            traceback.print_exc()
+            _print_traceback(exc)
         _print_error(f"cannot use {exc.filename or exc}: {exc.strerror or type(exc).__name__}")
         sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:  # usage errors (click's, vendored by typer) and anything unexpected
@@ -102,6 +113,6 @@ def main() -> None:
                 _print_error(_usage_error(exc))
             sys.exit(EXIT_BAD_INPUT)
         if debug:
-            traceback.print_exc()
+            _print_traceback(exc)
         _print_error(f"{type(exc).__name__}: {exc} (KDA_DEBUG=1 shows the traceback)")
         sys.exit(EXIT_RUNTIME)

@@ -402,3 +402,18 @@ def test_every_program_the_readme_runs_exists():
     assert not missing, f"the README runs files the repository lacks: {missing}"
     for module in set(re.findall(r"--patch ([a-z_][\w.]*)", text)):
         assert importlib.util.find_spec(module) is not None, f"--patch {module}: no such module"
+
+
+def test_kda_debug_shows_the_implementation_frame_that_raised(tmp_path, capsys, monkeypatch):
+    """``KDA_DEBUG=1``: the traceback goes down to the implementation's own ``raise``, which the
+    ``Error:`` line (raised over it ``from None``) would hide; the line still comes last."""
+    from tests.trace_helpers import make_trace
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    impl = REPO / "tests" / "broken_impls" / "commit_raises.py"
+    monkeypatch.setenv("KDA_DEBUG", "1")
+    code, out, err = run_kda(["replay", str(trace), "--impl", str(impl), "--no-progress"], capsys, monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 3 and out == ""
+    assert f'File "{impl}", line ' in err and 'raise RuntimeError("illegal memory access (simulated)")' in err
+    assert lines[-1].startswith("Error: ") and "RuntimeError: illegal memory access (simulated)" in lines[-1]
