@@ -417,3 +417,23 @@ def test_kda_debug_shows_the_implementation_frame_that_raised(tmp_path, capsys, 
     assert code == 3 and out == ""
     assert f'File "{impl}", line ' in err and 'raise RuntimeError("illegal memory access (simulated)")' in err
     assert lines[-1].startswith("Error: ") and "RuntimeError: illegal memory access (simulated)" in lines[-1]
+
+
+def test_impl_and_patch_import_modules_of_the_current_folder_alike(tmp_path, capsys, monkeypatch):
+    """``--impl pkg.mod`` from the folder that holds ``pkg`` imports it, as ``--patch pkg.mod``
+    does in the recorded program: the current folder is importable for both."""
+    from tests.trace_helpers import make_trace
+    from traces.record.run import child_env
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    (tmp_path / "cwd_kernels").mkdir()
+    (tmp_path / "cwd_kernels" / "__init__.py").write_text("")
+    (tmp_path / "cwd_kernels" / "ref.py").write_text("from kernels.reference import *  # noqa: F401,F403\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = run_kda(["replay", "t.safetensors", "--impl", "cwd_kernels.ref", "--format", "json",
+                              "--no-progress"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["routes"]["verify"] == "cwd_kernels.ref"
+    env, _ = child_env(tmp_path / "r.safetensors", patches=["cwd_kernels.ref"], base={"TRITON_INTERPRET": "1"})
+    assert str(tmp_path) in env["PYTHONPATH"].split(os.pathsep)

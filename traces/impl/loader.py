@@ -6,12 +6,18 @@ functions, or only the documented surface (``traces.impl.surface.SURFACE``: veri
 type and the two raw kernels), in which case the ops it lacks run through kda's kernels.
 The buffer API (``KDARecoverSSMRecords``, ``CommitPlan``, ``allocate_records``) is the
 module's own when it defines it, else that of ``kernels.buffers``.
+
+One import rule for every module named on the command line: the current folder is
+importable, as under ``python -m``. ``--impl`` is imported with it at the end of
+``sys.path`` (so that it shadows no installed package); a program recorded with ``--patch``
+gets it on its ``PYTHONPATH`` (``traces.record.run.child_env``).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +60,8 @@ def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl | R
     elif names_a_file(spec):
         module = _load_file(Path(spec), option)
     else:
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())  # the current folder, importable as under ``python -m``
         try:
             module = importlib.import_module(spec)
         except ImportError as exc:

@@ -44,7 +44,7 @@ def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max
               layer: int = 0, layers: str | None = None,
               base: dict[str, str] | None = None) -> tuple[dict[str, str], bool]:
     """The child's environment, and whether it chose the Triton interpreter."""
-    from traces.record.patch import BOOT_DIR, ENV_LAYER, ENV_LAYERS, ENV_PATCH
+    from traces.record.patch import ENV_LAYER, ENV_LAYERS, ENV_PATCH
 
     env = dict(os.environ if base is None else base)
     env.update({ENV_PATH: str(Path(out).resolve()), "KDA_RECORD_SNAPSHOT": snapshot})
@@ -53,9 +53,8 @@ def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max
         if value is not None:
             env[var] = str(value)
     if patches:
-        root = str(BOOT_DIR.parents[2])  # where ``traces`` and ``kernels`` are importable from
         env.update({ENV_PATCH: ",".join(patches), ENV_LAYER: str(layer),
-                    "PYTHONPATH": os.pathsep.join(p for p in (str(BOOT_DIR), root, env.get("PYTHONPATH")) if p)})
+                    "PYTHONPATH": os.pathsep.join(patch_path(env.get("PYTHONPATH")))})
         if layers is not None:
             env[ENV_LAYERS] = layers
     interpreter = False
@@ -66,6 +65,16 @@ def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max
             env["TRITON_INTERPRET"] = "1"
             interpreter = True
     return env, interpreter
+
+
+def patch_path(pythonpath: str | None) -> list[str]:
+    """The ``PYTHONPATH`` of a program recorded with ``--patch``: the start-up hook, where
+    ``traces`` and ``kernels`` are importable from, ``pythonpath`` (the one it had), and the
+    current folder, importable as for ``--impl`` (``traces.impl.loader``)."""
+    from traces.record.patch import BOOT_DIR
+
+    root = str(BOOT_DIR.parents[2])
+    return [p for p in (str(BOOT_DIR), root, *(pythonpath or "").split(os.pathsep), os.getcwd()) if p]
 
 
 def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_stderr: bool = False,
