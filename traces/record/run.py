@@ -9,6 +9,8 @@ without a CUDA device the child's Triton kernels run through the interpreter
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import io
 import os
 import shutil
@@ -109,6 +111,11 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         raise RecordError(f"--impl {impl}: no such file")
     env, interpreter = child_env(out, **options)
     check_options(**options_from_env(env))  # as the child's recorder will, once the program has started
+    unfound = unfound_patches(options.get("patches", ()), command, env.get("PYTHONPATH"))
+    if unfound:
+        raise RecordError(f"--patch {unfound[0]}: no such module on the import path the command will have (its "
+                          "script's folder, the current folder, PYTHONPATH, this environment's packages); "
+                          "nothing was run")
     before = _identity(out)
     code = _run(list(command), env, output_to_stderr)
     if shards_dir(out).exists():  # the program died before the recorder could merge
@@ -129,6 +136,48 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
     except TraceError as exc:
         raise RecordRunError(f"the command {how_it_ended(code)} and left {out}, not a trace: {exc}") from None
     return RecordedRun(MergeResult(out, events, None, 0), code, False, interpreter)
+
+
+def unfound_patches(patches: Sequence[str], command: Sequence[str], pythonpath: str | None) -> list[str]:
+    """Those of ``patches`` that ``command`` could not import, told before it runs without
+    importing anything: only for a command of this Python environment (its interpreter or one
+    of its scripts, which import from the same packages), on the path it will have (the
+    folder of a ``.py`` it runs, the current folder, ``pythonpath``, this ``sys.path``).
+    Another command's modules cannot be known: none is reported."""
+    found = shutil.which(command[0]) if command else None
+    if not patches or found is None or \
+            os.path.dirname(os.path.abspath(found)) != os.path.dirname(os.path.abspath(sys.executable)):
+        return []
+    scripts = [os.path.dirname(os.path.abspath(a)) for a in command[1:] if a.endswith(".py") and os.path.isfile(a)]
+    path = [*scripts, os.getcwd(), *(pythonpath or "").split(os.pathsep), *sys.path]
+    return [name for name in patches if not _findable(name, [os.path.abspath(p or os.curdir) for p in path])]
+
+
+def _findable(name: str, path: list[str]) -> bool:
+    """Whether the module ``name`` is on ``path`` (or known to this process's import system),
+    its packages searched through their own folders, none of them imported."""
+    parts, locations = name.split("."), path
+    for i in range(len(parts)):
+        dotted = ".".join(parts[:i + 1])
+        if dotted in sys.modules:
+            locations = getattr(sys.modules[dotted], "__path__", None)
+            continue
+        if locations is None:  # its parent is a module, not a package
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(dotted, list(locations)) or \
+            (_top_level_spec(dotted) if i == 0 else None)
+        if spec is None:
+            return False
+        locations = spec.submodule_search_locations
+    return True
+
+
+def _top_level_spec(name: str):
+    """A top-level module found by this process's other finders (an editable install's), unimported."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
