@@ -4,7 +4,9 @@
 recorder options in its environment; with ``patches`` it also gets ``KDA_RECORD_PATCH`` and
 the start-up hook of ``traces.record.patch``, so an unedited program is recorded. On a machine
 without a CUDA device the child's Triton kernels run through the interpreter
-(``TRITON_INTERPRET=1``) unless the environment already says otherwise.
+(``TRITON_INTERPRET=1``) unless the environment already says otherwise. The child runs in a
+session of its own: Ctrl-C at a terminal reaches kda alone, which stops the child and
+merges what it left.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from traces.record.recorder import ENV_PATH, MergeResult, RecordError, merge_sha
 from traces.record.events import check_options, stale_shards
 
 
+STOP_SECONDS = 10.0
+"""How long a command stopped with SIGTERM has to end before it gets SIGKILL."""
+
+
 class RecordRunError(Exception):
     """The command ran but left no usable trace; the message says why."""
 
@@ -39,6 +45,15 @@ class RecordedRun:
     """The program died before its recorder merged; its shards were merged after it."""
     interpreter: bool
     """``TRITON_INTERPRET=1`` was set for the child (no CUDA device here)."""
+
+
+class RecordInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a signal raised as it) while the command ran: it was stopped, and ``run``
+    is what it left, its shards merged."""
+
+    def __init__(self, run: RecordedRun):
+        super().__init__()
+        self.run = run
 
 
 def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max_events: int | None = None,
@@ -83,8 +98,9 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
                    **options) -> RecordedRun:
     """Run ``command`` recording into ``out`` (``options``: those of ``child_env``); the
     child's stdout goes to stderr with ``output_to_stderr``. Raises ``RecordError`` before
-    running (bad options, leftover shards, a command that cannot start) and
-    ``RecordRunError`` when the shards it left cannot be merged or what it left is no trace.
+    running (bad options, leftover shards, a command that cannot start),
+    ``RecordRunError`` when the shards it left cannot be merged or what it left is no trace,
+    and ``RecordInterrupted`` when a ``KeyboardInterrupt`` stopped it (``_run``).
     The recorder's options are checked before the command starts, as its recorder will check
     them (an ``impl`` module name only there: the command may import from elsewhere)."""
     out = Path(out)
@@ -117,7 +133,16 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
                           "script's folder, the current folder, PYTHONPATH, this environment's packages); "
                           "nothing was run")
     before = _identity(out)
-    code = _run(list(command), env, output_to_stderr)
+    code, stopped = _run(list(command), env, output_to_stderr)
+    run = _what_it_left(out, code, before, interpreter)
+    if stopped:
+        raise RecordInterrupted(run)
+    return run
+
+
+def _what_it_left(out: Path, code: int, before, interpreter: bool) -> RecordedRun:
+    """The trace a command that ended with ``code`` left in ``out`` (``before``: the identity
+    of the file there before it ran), its shards merged if it died before it could."""
     if shards_dir(out).exists():  # the program died before the recorder could merge
         try:
             result = merge_shards(shards_dir(out), out)
@@ -190,18 +215,40 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
-def _run(command: list[str], env: dict[str, str], output_to_stderr: bool) -> int:
-    try:
-        if not output_to_stderr:
-            return subprocess.call(command, env=env)
+def _run(command: list[str], env: dict[str, str], output_to_stderr: bool) -> tuple[int, bool]:
+    """Run ``command`` in a session of its own, so that a terminal's Ctrl-C reaches kda alone;
+    its stdout goes to stderr with ``output_to_stderr``. Returns its exit status and whether
+    it was stopped: on a ``KeyboardInterrupt`` while it runs it gets SIGTERM (a Python program
+    then ends without a traceback), and SIGKILL ``STOP_SECONDS`` later."""
+    stdout, relay = None, False
+    if output_to_stderr:
         try:
-            return subprocess.call(command, env=env, stdout=sys.stderr.fileno())
+            stdout = sys.stderr.fileno()
         except (AttributeError, io.UnsupportedOperation):  # stderr is not a file (captured): relay it
-            done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
-            sys.stderr.write(done.stdout)
-            return done.returncode
+            stdout, relay = subprocess.PIPE, True
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=stdout, text=True, start_new_session=True)
     except OSError as exc:
         raise RecordError(f"cannot run {command[0]}: {exc}") from None
+    stopped = False
+    try:
+        try:
+            output = proc.communicate()[0]
+        except KeyboardInterrupt:
+            stopped = True
+            proc.terminate()
+            try:
+                output = proc.communicate(timeout=STOP_SECONDS)[0]
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                output = proc.communicate()[0]
+    finally:
+        if proc.poll() is None:  # interrupted again while it was being stopped
+            proc.kill()
+            proc.wait()
+    if relay and output:
+        sys.stderr.write(output)
+    return proc.returncode, stopped
 
 
-__all__ = ["RecordRunError", "RecordedRun", "child_env", "record_command"]
+__all__ = ["RecordInterrupted", "RecordRunError", "RecordedRun", "child_env", "record_command"]
