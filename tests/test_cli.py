@@ -410,7 +410,10 @@ def test_kda_debug_shows_the_implementation_frame_that_raised(tmp_path, capsys, 
     from tests.trace_helpers import make_trace
 
     trace = make_trace(tmp_path / "t.safetensors")
-    impl = REPO / "tests" / "broken_impls" / "commit_raises.py"
+    impl = tmp_path / "faulty.py"
+    impl.write_text("from kernels.reference import *  # noqa: F401,F403\n\n\n"
+                    "def kda_recoverssm_verify(*args, **kwargs):\n"
+                    "    raise RuntimeError(\"illegal memory access (simulated)\")\n")
     monkeypatch.setenv("KDA_DEBUG", "1")
     code, out, err = run_kda(["replay", str(trace), "--impl", str(impl), "--no-progress"], capsys, monkeypatch)
     lines = err.strip().splitlines()
@@ -437,3 +440,4 @@ def test_impl_and_patch_import_modules_of_the_current_folder_alike(tmp_path, cap
     assert json.loads(out)["routes"]["verify"] == "cwd_kernels.ref"
     env, _ = child_env(tmp_path / "r.safetensors", patches=["cwd_kernels.ref"], base={"TRITON_INTERPRET": "1"})
     assert str(tmp_path) in env["PYTHONPATH"].split(os.pathsep)
+
