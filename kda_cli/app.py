@@ -73,16 +73,31 @@ def _usage_error(exc: Exception) -> str:
 
 
 def main() -> None:
-    """Entry point: known failures become one ``Error:`` line; ``KDA_DEBUG=1`` shows tracebacks."""
+    """Entry point: known failures become one ``Error:`` line; ``KDA_DEBUG=1`` shows tracebacks;
+    a reader that goes away (a closed pipe) changes no exit code."""
+    from kda_cli.output import closed_pipes_ignored
+
+    with closed_pipes_ignored():
+        _main(os.environ.get("KDA_DEBUG") == "1")
+
+
+def _invoke(args: list[str]) -> None:
+    """Run the command ``args`` name, as click's own ``main`` would, without the handling it
+    adds: Ctrl-C and SIGTERM (Typer turns them into exit 130 alike), closed pipes (exit 1)."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    with command.make_context("kda", args) as ctx:
+        command.invoke(ctx)
+
+
+def _main(debug: bool) -> None:
     from kda_cli.environment import check_imports
 
-    debug = os.environ.get("KDA_DEBUG") == "1"
     try:
         with stop_signals():
             check_imports()
-            code = app(standalone_mode=False)  # a command's ``typer.Exit(n)`` comes back as ``n``
-            if isinstance(code, int) and code:
-                sys.exit(code)
+            _invoke(sys.argv[1:])
     except KeyboardInterrupt:  # a command without a partial summary of its own
         error = interrupted()
         _print_error(str(error))

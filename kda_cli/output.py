@@ -12,8 +12,8 @@ import os
 import sys
 import time
 import unicodedata
-from contextlib import AbstractContextManager, nullcontext, redirect_stdout
-from typing import Any, Callable, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext, redirect_stdout
+from typing import Any, Callable, Iterator, Sequence
 
 LINE_SECONDS = 5.0
 """Least time between two progress lines outside a terminal."""
@@ -30,6 +30,52 @@ def make_console(stderr: bool = False, pipe_width: int | None = None):
     if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = pipe_width
     return out
+
+
+class _ClosedPipeSafe:
+    """A text stream that drops what is written once its reader has gone away (a closed pipe)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        """What is written from now on, and what is still buffered, goes to the null device."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def closed_pipes_ignored() -> Iterator[None]:
+    """Within: a stdout or stderr whose reader went away (``kda replay | head -2``) drops what
+    is written to it instead of raising, so the command ends with its own exit code (a closed
+    pipe is not a mismatch); both are flushed on the way out, then put back."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ClosedPipeSafe(sys.stdout), _ClosedPipeSafe(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
 
 
 def implementation_prints(format: str) -> AbstractContextManager:

@@ -441,3 +441,21 @@ def test_impl_and_patch_import_modules_of_the_current_folder_alike(tmp_path, cap
     env, _ = child_env(tmp_path / "r.safetensors", patches=["cwd_kernels.ref"], base={"TRITON_INTERPRET": "1"})
     assert str(tmp_path) in env["PYTHONPATH"].split(os.pathsep)
 
+
+def test_a_closed_pipe_keeps_the_exit_code_of_the_work(tmp_path):
+    """``kda replay ... | head``: the reader is gone before the report is written; the exit
+    code is still the replay's (0 passes, 1 mismatches), with nothing on stderr about it."""
+    from tests.trace_helpers import make_trace
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    broken = str(REPO / "tests" / "broken_impls" / "verify_writes_past_the_window.py")
+    for impl, verdict in (("reference", 0), (broken, 1)):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run([sys.executable, "-m", "kda_cli", "replay", str(trace), "--impl", impl,
+                                   "--no-progress"], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                                  env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (verdict, "")
