@@ -2,7 +2,8 @@
 and errors on stderr.
 
 Progress is a bar on a terminal; elsewhere (a log, a pipe) it is one plain line at most
-every ``LINE_SECONDS`` seconds, so a long run is never silent and a log never floods.
+every ``LINE_SECONDS`` seconds and one at the end, so a long run is never silent, a log never
+floods and its last line says how far the work went.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def note(message: str) -> None:
 
 class Progress:
     """Progress of ``total`` steps on stderr: a transient bar on a terminal, else a line
-    ``"{label}: done/total"`` on the first update and then at most every ``LINE_SECONDS``;
-    nothing when ``enabled`` is false. With ``weights`` (each step's relative cost), both
+    ``"{label}: done/total"`` on the first update, then at most every ``LINE_SECONDS``, and
+    a last one with the final count when the block ends (unless that was the line before, or
+    no line came); nothing when ``enabled`` is false. With ``weights`` (each step's relative cost), both
     show the time left (``about 3 min left``): the time so far, scaled by the weight left
     over the weight done.
 
@@ -149,6 +151,8 @@ class Progress:
         self.weights = list(weights) if weights is not None else None
         self.bar = self.task = None
         self.last_line: float | None = None
+        self.shown: int | None = None
+        """The count the last line showed."""
         self.started = time.monotonic()
         self.done = 0
 
@@ -184,10 +188,13 @@ class Progress:
             self.bar.update(self.task, completed=done, total=self.total, left=self.left(now))
             return
         if self.last_line is None or now - self.last_line >= LINE_SECONDS:
-            self.last_line = now
+            self.last_line, self.shown = now, done
             left = self.left(now)
             note(f"{self.label}: {done}/{self.total}" + (f", {left}" if left else ""))
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+        elif self.enabled and exc[0] is None and self.shown is not None and self.shown != self.done:
+            self.shown = self.done
+            note(f"{self.label}: {self.done}/{self.total}")

@@ -316,8 +316,28 @@ def test_long_work_reports_progress_outside_a_terminal(tmp_path):
     out = tmp_path / "t.safetensors"
     done = _kda("synth", str(out), "--requests", "3")
     assert done.returncode == 0, done.stderr
-    assert "synth: requests finished: " in done.stderr and "/3" in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("synth: requests finished: ") and lines[-1] == "synth: requests finished: 3/3"
     assert done.stdout.startswith(f"wrote {out}: ") and out.is_file()
+
+
+def test_progress_outside_a_terminal_ends_with_the_final_count(monkeypatch, capsys):
+    """Lines come at most every few seconds, so the last update may not have one: the end of
+    the work logs it, once; work that logged nothing logs nothing at its end either."""
+    import kda_cli.output as output
+
+    ticks = iter(range(100))  # a second a call: every update within LINE_SECONDS of the first
+    monkeypatch.setattr(output.time, "monotonic", lambda: float(next(ticks)))
+    with output.Progress("synth: requests finished", 8, terminal=False) as bar:
+        for done in (1, 5, 8):
+            bar.update(done)
+    assert capsys.readouterr().err == "synth: requests finished: 1/8\nsynth: requests finished: 8/8\n"
+    monkeypatch.setattr(output.time, "monotonic", lambda: 0.0)
+    with output.Progress("replay", 2, terminal=False) as bar:
+        bar.update(2)
+    with output.Progress("slice", 0, terminal=False):
+        pass
+    assert capsys.readouterr().err == "replay: 2/2\n"
 
 
 def test_human_output_has_no_python_reprs(tmp_path, capsys, monkeypatch):
