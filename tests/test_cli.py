@@ -295,6 +295,25 @@ def test_an_interpreter_replay_says_how_long_before_it_starts_and_what_is_left(t
     assert done.returncode == 0 and "interpreter" not in done.stderr, done.stderr
 
 
+def test_the_interpreter_estimate_is_given_for_implementations_that_run_triton(tmp_path, capsys, monkeypatch):
+    """A module built on the reference runs no Triton kernel: no interpreter time is claimed
+    for it (a 14 s estimate for a 2 s run); kda's kernels and modules on them get one."""
+    from tests.trace_helpers import make_trace
+    from traces.impl.loader import load_impl
+    from traces.replay.cost import runs_triton
+
+    broken = REPO / "tests" / "broken_impls"
+    assert [runs_triton(load_impl(str(spec))) for spec in (
+        "triton", REPO / "examples" / "recoverssm_module.py", REPO / "tests" / "documented_surface.py",
+        broken / "conv_window_off_by_one.py")] == [True] * 4
+    assert [runs_triton(load_impl(str(spec))) for spec in (
+        "reference", broken / "verify_writes_past_the_window.py", broken / "commit_out_of_resources.py")] == [False] * 3
+    trace = make_trace(tmp_path / "t.safetensors")
+    code, _, err = run_kda(["replay", str(trace), "--impl", str(broken / "flush_consumes_pending.py"), "--format",
+                            "json"], capsys, monkeypatch)
+    assert code == 1 and "interpreter" not in err and err.startswith("replay: 1/"), err
+
+
 def test_event_costs_follow_rows_heads_and_the_state_tile(tmp_path):
     from tests.trace_helpers import make_trace
     from traces.format.io import read_trace

@@ -77,7 +77,7 @@ def replay(
     from traces.impl.loader import load_impl
     from traces.format.io import read_trace
     from traces.replay.engine import ReplayFailure, ReplayInterrupted, replay as run_replay
-    from traces.replay.cost import event_units
+    from traces.replay.cost import event_units, runs_triton
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
@@ -86,7 +86,7 @@ def replay(
         with implementation_prints(format):
             module = load_impl(impl)
         units = event_units(opened)[:span[1]]
-        if progress and device == "cpu" and impl != "reference":
+        if progress and device == "cpu" and runs_triton(module):
             note(_interpreter_estimate(units, impl))
         bar = stack.enter_context(Progress("replay", span[1], enabled=progress, weights=units))
         try:
