@@ -23,11 +23,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: flags read as flags with every Typer version
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's, as they inherit it
 )
 
 
+def _version(shown: bool) -> None:
+    """``kda --version``: kda's own version, at once (``kda version`` adds torch, triton, the GPU)."""
+    if shown:
+        from importlib import metadata
+
+        from kda_cli.environment import DISTRIBUTION
+
+        try:
+            print(f"kda {metadata.version(DISTRIBUTION)}")
+        except metadata.PackageNotFoundError:
+            print(f"kda (not installed: {DISTRIBUTION} has no metadata here)")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print kda's version and exit (kda version: torch, triton, the GPU too)."),
+          ) -> None:
     """Replay, benchmark and reproduce KDA RecoverSSM kernels.
 
     Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure,

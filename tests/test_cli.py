@@ -498,3 +498,15 @@ def test_a_closed_pipe_keeps_the_exit_code_of_the_work(tmp_path):
         finally:
             os.close(write)
         assert (done.returncode, done.stderr) == (verdict, "")
+
+
+def test_version_option_and_h_for_help_on_every_command(capsys, monkeypatch):
+    from importlib import metadata
+
+    code, out, err = run_kda(["--version"], capsys, monkeypatch)
+    assert (code, out, err) == (0, f"kda {metadata.version('kda-recoverssm')}\n", "")
+    names = [name for name, _ in _commands()]
+    assert len(names) >= 9  # version, info, replay, synth, slice, repro, bench, record run, record merge
+    for name in ["", *names]:
+        code, out, err = run_kda([*name.split(), "-h"], capsys, monkeypatch)
+        assert code == 0 and out.startswith(f"Usage: kda {name}".rstrip() + " ") and err == "", (name, out, err)
