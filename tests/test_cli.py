@@ -510,3 +510,11 @@ def test_version_option_and_h_for_help_on_every_command(capsys, monkeypatch):
     for name in ["", *names]:
         code, out, err = run_kda([*name.split(), "-h"], capsys, monkeypatch)
         assert code == 0 and out.startswith(f"Usage: kda {name}".rstrip() + " ") and err == "", (name, out, err)
+
+
+@pytest.mark.parametrize("given, meant", [("trition", "triton"), ("refrence", "reference")])
+def test_a_misspelt_impl_is_told_what_was_meant(given, meant, capsys, monkeypatch):
+    code, out, err = run_kda(["replay", "--impl", given, "--no-progress"], capsys, monkeypatch)
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines() == [f"Error: --impl {given}: cannot import it (No module named '{given}'); "
+                                        f"did you mean {meant}?"]

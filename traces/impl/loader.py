@@ -15,6 +15,7 @@ gets it on its ``PYTHONPATH`` (``traces.record.run.child_env``).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
@@ -33,6 +34,10 @@ API = {
     "flush": "kda_recoverssm_flush",
 }
 """Op name in a trace -> function name every implementation exposes."""
+
+
+BUILT_IN = ("triton", "reference")
+"""The implementations named by a word: kda's kernels and its torch reference."""
 
 
 class ImplError(ValueError):
@@ -65,8 +70,9 @@ def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl | R
         try:
             module = importlib.import_module(spec)
         except ImportError as exc:
-            raise ImplError(f"{option} {spec}: cannot import it ({exc}); expected triton, reference, "
-                            "a module name or a .py file") from None
+            close = difflib.get_close_matches(spec, BUILT_IN, n=1) if getattr(exc, "name", None) == spec else []
+            then = f"did you mean {close[0]}?" if close else "expected triton, reference, a module name or a .py file"
+            raise ImplError(f"{option} {spec}: cannot import it ({exc}); {then}") from None
         except Exception as exc:
             raise ImplError(f"{option} {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
     missing = [fn for fn in API.values() if not callable(getattr(module, fn, None))]
