@@ -221,7 +221,7 @@ def test_output_paths_are_checked_before_any_work_and_nothing_is_created(args, n
 def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp_path):
     """Before any work: one line, exit 2, the file as it was; ``--force`` is what overwrites."""
     (tmp_path / "folder").mkdir()
-    old = tmp_path / "old.out"
+    old = tmp_path / "old.safetensors"
     old.write_text("an earlier result")
     trace = tmp_path / "t.safetensors"
     trace.write_bytes(b"")
@@ -229,6 +229,26 @@ def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp
     assert done.returncode == 2 and done.stdout == ""
     assert _one_error(done.stderr) == f"Error: {option} {old}: exists (--force overwrites it)"
     assert old.read_text() == "an earlier result"
+
+
+@pytest.mark.parametrize("args, option", [
+    (["synth", "{out}"], "OUT"),
+    (["slice", "{trace}", "--events", "0:1", "--out", "{out}"], "--out"),
+    (["record", "merge", "{folder}", "{out}"], "OUT"),
+    (["record", "run", "{out}", "--", "true"], "OUT"),
+])
+def test_a_trace_is_written_only_to_a_safetensors_name(args, option, tmp_path, capsys, monkeypatch):
+    """A corpus folder is scanned for ``*.safetensors``: a trace named ``out.txt`` would be
+    skipped there, so it is refused before any work, naming the suffix."""
+    (tmp_path / "folder").mkdir()
+    trace = tmp_path / "t.safetensors"
+    trace.write_bytes(b"")
+    out = tmp_path / "out.txt"
+    names = {"out": out, "trace": trace, "folder": tmp_path / "folder"}
+    code, stdout, err = run_kda([a.format(**names) for a in args], capsys, monkeypatch)
+    assert (code, stdout) == (2, "") and not out.exists()
+    assert err.strip().splitlines() == [f"Error: {option} {out}: a trace file's name ends in .safetensors (a corpus "
+                                        "folder is scanned for *.safetensors alone)"]
 
 
 def test_force_overwrites_and_repro_replaces_only_a_bundle(tmp_path, capsys, monkeypatch):

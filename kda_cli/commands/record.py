@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, force_option, output_file, parse_names
+from kda_cli.options import check_format, force_option, parse_names, trace_output_file
 from kda_cli.output import emit, plural, printable
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, interrupted
 
@@ -44,7 +44,7 @@ def merge(
     check_format(format)
     if not shards.is_dir():
         raise CommandError(f"{shards}: {'is not a folder' if shards.exists() else 'no such folder'}")
-    output_file(out, "OUT", force=force)
+    trace_output_file(out, "OUT", force=force)
     from traces.record.recorder import RecordError, merge_shards
 
     try:
@@ -96,7 +96,7 @@ def run(
         raise CommandError(f"--ops {ops!r}: name at least one op", EXIT_BAD_INPUT)
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
-    output_file(out, "OUT", force=force)
+    trace_output_file(out, "OUT", force=force)
     from traces.format.exit_status import how_it_ended
     from traces.record.recorder import RecordError, shards_dir
     from traces.record.run import RecordInterrupted, RecordRunError, record_command

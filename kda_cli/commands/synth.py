@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kda_cli.options import check_format, force_option, output_file
+from kda_cli.options import check_format, force_option, trace_output_file
 from kda_cli.output import Progress, emit, plural
 from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, interrupted, select_device
 
@@ -50,7 +50,7 @@ def synth(
         config.check()
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
-    output_file(out, "OUT", force=force)
+    trace_output_file(out, "OUT", force=force)
     select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
     from traces.synth.simulation import synthesize
 
