@@ -120,6 +120,14 @@ def human_value(value: Any) -> str:
     return str(value)
 
 
+def routes_text(routes: dict[str, str]) -> str:
+    """Which op ran through which implementation, each implementation named once:
+    ``tests/x.py: verify (kda_recoverssm_verify), defer (...); triton: plan, commit``."""
+    from traces.impl.surface import routes_by_implementation
+
+    return "; ".join(f"{name}: {', '.join(ops)}" for name, ops in routes_by_implementation(routes).items())
+
+
 def duration(seconds: float) -> str:
     """``40 s``, ``14 min``, ``2 h 5 min``: a time to wait, as precise as it is worth."""
     if seconds < 90:

@@ -413,6 +413,31 @@ def test_replay_explains_ops_without_recorded_results(capsys):
            "nothing to compare" in out
 
 
+def test_the_ops_through_line_names_each_implementation_once(capsys):
+    """A file path five times over said nothing the one time does not: each implementation
+    once, its ops after it, with the function a route names."""
+    from kda_cli.commands.replay import _render
+    from traces.replay.compare import DEFAULT_TOLERANCES
+    from traces.replay.engine import ReplayReport
+    from traces.format.schema import BufferSizes, Dims, Manifest
+
+    manifest = Manifest(Dims(H=2, K=16, V=16, T=4), "bfloat16", "float32", -5.0, BufferSizes(2, 2, 2), {}, {})
+    manifest.events = []
+    path, surface = "tests/broken_impls/racy_verify.py", "tests/documented_surface.py"
+    for routes, line in (
+            ({op: path for op in ("verify", "plan", "defer", "commit", "flush")},
+             f"ops through: {path}: verify, plan, defer, commit, flush"),
+            ({"verify": f"{surface} (kda_recoverssm_verify)", "plan": "triton", "defer": f"{surface} "
+              "(_defer_commit_kernel)", "commit": "triton", "flush": f"{surface} (_prepare_flush_plan_kernel) + "
+              "triton (commit)", "commit_layers": "triton (kernels.commit_context)"},
+             f"ops through: {surface}: verify (kda_recoverssm_verify), defer (_defer_commit_kernel), flush "
+             "(_prepare_flush_plan_kernel); triton: plan, commit, flush (commit), commit_layers "
+             "(kernels.commit_context)")):
+        _render(ReplayReport("t.safetensors", path, "cpu", dict(DEFAULT_TOLERANCES), event_range=(0, 0),
+                             routes=routes), manifest)
+        assert capsys.readouterr().out.splitlines()[2] == line
+
+
 def test_one_triton_version_the_tested_series_is_pinned():
     import tomllib
 

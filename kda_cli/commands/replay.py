@@ -12,7 +12,9 @@ from typing import List, Optional
 import typer
 
 from kda_cli.options import check_format, force_option, parse_ints, parse_range, parse_tolerances, resolve_range
-from kda_cli.output import Progress, duration, emit, implementation_prints, make_console, note, plural, printable
+from kda_cli.output import (
+    Progress, duration, emit, implementation_prints, make_console, note, plural, printable, routes_text,
+)
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 from kda_cli.sample import trace_path
 
@@ -146,7 +148,7 @@ def _render(report, manifest, interrupted: bool = False) -> None:
                   f"H={d.H} K={d.K} V={d.V} T={d.T}, {manifest.activation_dtype} activations, "
                   f"{manifest.state_dtype} state; events {a}:{b} of {len(manifest.events)}"
                   f"{' (stopped at the first mismatch)' if report.stopped_early else ''}")
-    console.print("ops through: " + "; ".join(f"{op}={escape(where)}" for op, where in report.routes.items()))
+    console.print("ops through: " + escape(printable(routes_text(report.routes))))
     tol = "; ".join(f"{k} atol={t.atol:g} rtol={t.rtol:g}" for k, t in report.tolerances.items())
     console.print(f"tolerances: {tol}; integers and records.key_gate exact")
     if interrupted and not report.events:
