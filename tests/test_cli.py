@@ -563,3 +563,28 @@ def test_a_misspelt_impl_is_told_what_was_meant(given, meant, capsys, monkeypatc
     assert (code, out) == (2, "")
     assert err.strip().splitlines() == [f"Error: --impl {given}: cannot import it (No module named '{given}'); "
                                         f"did you mean {meant}?"]
+
+
+def test_the_readme_starts_a_cpu_user_on_a_small_trace(tmp_path, capsys, monkeypatch):
+    """Its first section is short points (not one sentence of four topics); the first trace
+    it has a user write replays on a CPU in seconds, and a Kimi-K3-shaped synth says GPU."""
+    import shlex
+
+    from traces.format.io import read_trace
+    from traces.replay.cost import event_units, rough_seconds
+
+    text = (REPO / "README.md").read_text()
+    first = text.split("## First commands\n", 1)[1].split("\n## ", 1)[0]
+    prose = first.split("```", 1)[0]
+    assert len([point for point in prose.split("\n- ") if point.strip()]) >= 3
+    sentences = re.split(r"(?<=[.;:])\s", " ".join(prose.split()))
+    assert max(len(sentence.split()) for sentence in sentences) <= 30, sentences
+    synths = re.findall(r"^(kda synth [^#&\n]*)(.*)$", text, re.M)
+    assert "kda synth" in first and not any("k3-tp8" in command and "GPU" not in rest for command, rest in synths)
+    args = shlex.split(synths[0][0])[1:]
+    assert "--preset" not in args or args[args.index("--preset") + 1] == "tiny"
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_kda(args, capsys, monkeypatch)
+    assert code == 0, err
+    with read_trace(tmp_path / args[1]) as trace:
+        assert rough_seconds(sum(event_units(trace))) < 30 and (tmp_path / args[1]).stat().st_size < 2**20
