@@ -49,15 +49,16 @@ def event_units(trace: Trace) -> list[float]:
 
 def runs_triton(impl) -> bool:
     """Whether ``impl`` (from ``traces.impl.loader.load_impl``) runs Triton kernels, which
-    this cost is of: a documented-surface module (its plan and commit are kda's kernels), or a
-    module that holds Triton kernels or the ``triton`` package, or takes anything from one of
-    kda's ``kernels`` other than ``REFERENCE_MODULES`` or from another module that imports
-    ``triton``. A module built on the reference is not (an exception class of ``triton``'s
-    aside)."""
-    from traces.impl.surface import SurfaceImpl
+    this cost is of: one whose routes send an op to kda's kernels (a documented or released
+    surface: its plan and commit are kda's), or a module that holds Triton kernels or the
+    ``triton`` package, or takes anything from one of kda's ``kernels`` other than
+    ``REFERENCE_MODULES`` or from another module that imports ``triton``. A module built on
+    the reference is not (an exception class of ``triton``'s aside)."""
+    from traces.impl.surface import KDA, routes_by_implementation
 
-    if isinstance(impl, SurfaceImpl):
-        return True
+    routes = getattr(impl, "routes", None)
+    if isinstance(routes, dict):
+        return KDA in routes_by_implementation(routes)
     sources = {impl.__name__}
     for value in vars(impl).values():
         name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None) or ""
