@@ -154,12 +154,15 @@ def test_patch_names_are_looked_up_where_the_program_will_import_from(tmp_path, 
     (tmp_path / "lib" / "vendor").mkdir(parents=True)
     (tmp_path / "lib" / "vendor" / "__init__.py").write_text("raise SystemExit('imported')\n")
     (tmp_path / "lib" / "vendor" / "ops.py").write_text("")
+    (tmp_path / "lib" / "spread" / "inner").mkdir(parents=True)  # namespace packages, as tests/broken_impls is
+    (tmp_path / "lib" / "spread" / "inner" / "ops.py").write_text("")
     python = [sys.executable, "app/serve.py"]
     monkeypatch.chdir(tmp_path)
-    assert unfound_patches(["engine_kernels", "app.serve", "kernels.reference", "vendor.ops", "vendor.nosuch",
-                            "nosuch"], python, str(tmp_path / "lib")) == ["vendor.nosuch", "nosuch"]
+    assert unfound_patches(["engine_kernels", "app.serve", "kernels.reference", "vendor.ops", "spread.inner.ops",
+                            "vendor.nosuch", "spread.inner.nosuch", "nosuch"], python, str(tmp_path / "lib")) == \
+        ["vendor.nosuch", "spread.inner.nosuch", "nosuch"]
     assert unfound_patches(["nosuch"], ["sh", "run.sh"], None) == []
-    assert "engine_kernels" not in sys.modules and "vendor" not in sys.modules
+    assert not {"engine_kernels", "vendor", "spread"} & set(sys.modules)
 
 
 def test_a_trace_left_by_an_earlier_run_is_not_reported_as_recorded(tmp_path, capfd, monkeypatch):

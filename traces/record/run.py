@@ -180,20 +180,28 @@ def unfound_patches(patches: Sequence[str], command: Sequence[str], pythonpath: 
 
 def _findable(name: str, path: list[str]) -> bool:
     """Whether the module ``name`` is on ``path`` (or known to this process's import system),
-    its packages searched through their own folders, none of them imported."""
-    parts, locations = name.split("."), path
-    for i in range(len(parts)):
-        dotted = ".".join(parts[:i + 1])
-        if dotted in sys.modules:
-            locations = getattr(sys.modules[dotted], "__path__", None)
-            continue
-        if locations is None:  # its parent is a module, not a package
-            return False
-        spec = importlib.machinery.PathFinder.find_spec(dotted, list(locations)) or \
-            (_top_level_spec(dotted) if i == 0 else None)
+    its packages searched through their own folders (namespace packages too), none of them
+    imported."""
+    top, *parts = name.split(".")
+    if top in sys.modules:
+        locations = getattr(sys.modules[top], "__path__", None)
+    else:
+        spec = importlib.machinery.PathFinder.find_spec(top, path) or _top_level_spec(top)
         if spec is None:
             return False
         locations = spec.submodule_search_locations
+    for i, part in enumerate(parts):
+        dotted = ".".join([top, *parts[:i + 1]])
+        if dotted in sys.modules:
+            locations = getattr(sys.modules[dotted], "__path__", None)
+            continue
+        if not locations:  # its parent is a module, not a package
+            return False
+        folders = [os.path.join(p, part) for p in locations if os.path.isdir(os.path.join(p, part))]
+        if not folders and not any(os.path.isfile(os.path.join(p, part + suffix)) for p in locations
+                                   for suffix in importlib.machinery.all_suffixes()):
+            return False
+        locations = folders
     return True
 
 
