@@ -47,7 +47,7 @@ def test_every_mode_replays_clean_with_the_reference(mode, tmp_path, capsys, mon
     path = make_trace(tmp_path / f"{mode}.safetensors", SynthConfig(preset="tiny", mode=mode, requests=4, seed=5))
     code, report, err = _replay_json([str(path), "--impl", "reference"], capsys, monkeypatch)
     assert code == 0 and report["passed"], err
-    ops = set(report["summary"])
+    ops = set(report["summary"]) - {"write"}  # a reused slot's prefill, where the schedule reuses one
     assert ops == ({"verify", "plan", "commit"} if mode == "stock" else {"verify", "plan", "defer", "commit", "flush"})
 
 
@@ -317,7 +317,8 @@ def test_documented_surface_module_replays(mode, tmp_path, capsys, monkeypatch):
         assert {"defer", "flush"} <= set(report["summary"])
     code, out, err = run_kda(["replay", str(path), "--impl", "tests/documented_surface.py", "--no-progress"],
                              capsys, monkeypatch)
-    assert code == 0 and "defer=tests/documented_surface.py (_defer_commit_kernel)" in out, err
+    assert code == 0 and "ops through: tests/documented_surface.py: verify (kda_recoverssm_verify), defer " \
+        "(_defer_commit_kernel), flush (_prepare_flush_plan_kernel); triton: plan, commit, flush (commit)\n" in out, err
 
 
 def test_documented_surface_with_a_wrong_defer_rule_is_named(capsys, monkeypatch, good):
