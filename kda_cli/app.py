@@ -23,11 +23,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: flags read as flags with every Typer version
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's, as they inherit it
 )
 
 
+def _version(shown: bool) -> None:
+    """``kda --version``: kda's own version, at once (``kda version`` adds torch, triton, the GPU)."""
+    if shown:
+        from importlib import metadata
+
+        from kda_cli.environment import DISTRIBUTION
+
+        try:
+            print(f"kda {metadata.version(DISTRIBUTION)}")
+        except metadata.PackageNotFoundError:
+            print(f"kda (not installed: {DISTRIBUTION} has no metadata here)")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print kda's version and exit (kda version: torch, triton, the GPU too)."),
+          ) -> None:
     """Replay, benchmark and reproduce KDA RecoverSSM kernels.
 
     Exit codes: 0 match, 1 numerical mismatch, 2 bad input or usage, 3 runtime failure,
@@ -54,6 +71,17 @@ def _print_error(message: str) -> None:
     make_console(stderr=True).print(f"[bold red]Error:[/] {escape(printable(message))}", markup=True)
 
 
+def _print_traceback(exc: BaseException) -> None:
+    """``exc``'s traceback after those of the exceptions it came from, those it was raised
+    ``from None`` over included: an implementation's own frames are where the fault is."""
+    seen, link = set(), exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__suppress_context__ = False
+        link = link.__cause__ or link.__context__
+    traceback.print_exception(exc)
+
+
 def _usage_error(exc: Exception) -> str:
     """Click's usage error as one line, with where to find the usage."""
     ctx = getattr(exc, "ctx", None)
@@ -62,23 +90,38 @@ def _usage_error(exc: Exception) -> str:
 
 
 def main() -> None:
-    """Entry point: known failures become one ``Error:`` line; ``KDA_DEBUG=1`` shows tracebacks."""
+    """Entry point: known failures become one ``Error:`` line; ``KDA_DEBUG=1`` shows tracebacks;
+    a reader that goes away (a closed pipe) changes no exit code."""
+    from kda_cli.output import closed_pipes_ignored
+
+    with closed_pipes_ignored():
+        _main(os.environ.get("KDA_DEBUG") == "1")
+
+
+def _invoke(args: list[str]) -> None:
+    """Run the command ``args`` name, as click's own ``main`` would, without the handling it
+    adds: Ctrl-C and SIGTERM (Typer turns them into exit 130 alike), closed pipes (exit 1)."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    with command.make_context("kda", args) as ctx:
+        command.invoke(ctx)
+
+
+def _main(debug: bool) -> None:
     from kda_cli.environment import check_imports
 
-    debug = os.environ.get("KDA_DEBUG") == "1"
     try:
         with stop_signals():
             check_imports()
-            code = app(standalone_mode=False)  # a command's ``typer.Exit(n)`` comes back as ``n``
-            if isinstance(code, int) and code:
-                sys.exit(code)
+            _invoke(sys.argv[1:])
     except KeyboardInterrupt:  # a command without a partial summary of its own
         error = interrupted()
         _print_error(str(error))
         sys.exit(error.code)
     except CommandError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback(exc)
         _print_error(str(exc))
         sys.exit(exc.code)
     except (typer.Exit, SystemExit) as exc:
@@ -91,7 +134,7 @@ def main() -> None:
     except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
         # a path the user named cannot be read or written: bad input, not a runtime failure
         if debug:
-            traceback.print_exc()
+            _print_traceback(exc)
         _print_error(f"cannot use {exc.filename or exc}: {exc.strerror or type(exc).__name__}")
         sys.exit(EXIT_BAD_INPUT)
     except Exception as exc:  # usage errors (click's, vendored by typer) and anything unexpected
@@ -102,6 +145,6 @@ def main() -> None:
                 _print_error(_usage_error(exc))
             sys.exit(EXIT_BAD_INPUT)
         if debug:
-            traceback.print_exc()
+            _print_traceback(exc)
         _print_error(f"{type(exc).__name__}: {exc} (KDA_DEBUG=1 shows the traceback)")
         sys.exit(EXIT_RUNTIME)

@@ -149,6 +149,17 @@ def output_file(path: Path, option: str, *, inputs: Iterable[Path] = (), force: 
     _writable_folder(path.parent if str(path.parent) else Path("."), option, path)
 
 
+def trace_output_file(path: Path, option: str, *, inputs: Iterable[Path] = (), force: bool = False) -> None:
+    """``output_file`` for a trace, whose name must also end in ``.safetensors``: a corpus
+    folder is scanned for those alone, so a trace named otherwise would be skipped."""
+    from traces.format.schema import SUFFIX
+
+    if Path(path).suffix != SUFFIX and not Path(path).is_dir():
+        raise CommandError(f"{option} {path}: a trace file's name ends in {SUFFIX} (a corpus folder is scanned for "
+                           f"*{SUFFIX} alone)", EXIT_BAD_INPUT)
+    output_file(path, option, inputs=inputs, force=force)
+
+
 def output_folder(path: Path, option: str, *, replaceable: Callable[[Path], bool] | None = None) -> None:
     """Refuse, before any work, a folder that could not be written whole: one that exists
     and is not empty (unless ``replaceable`` says it may be replaced: ``--force``), or is not

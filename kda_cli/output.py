@@ -2,7 +2,8 @@
 and errors on stderr.
 
 Progress is a bar on a terminal; elsewhere (a log, a pipe) it is one plain line at most
-every ``LINE_SECONDS`` seconds, so a long run is never silent and a log never floods.
+every ``LINE_SECONDS`` seconds and one at the end, so a long run is never silent, a log never
+floods and its last line says how far the work went.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import os
 import sys
 import time
 import unicodedata
-from contextlib import AbstractContextManager, nullcontext, redirect_stdout
-from typing import Any, Callable, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext, redirect_stdout
+from typing import Any, Callable, Iterator, Sequence
 
 LINE_SECONDS = 5.0
 """Least time between two progress lines outside a terminal."""
@@ -30,6 +31,52 @@ def make_console(stderr: bool = False, pipe_width: int | None = None):
     if pipe_width is not None and not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = pipe_width
     return out
+
+
+class _ClosedPipeSafe:
+    """A text stream that drops what is written once its reader has gone away (a closed pipe)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        """What is written from now on, and what is still buffered, goes to the null device."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def closed_pipes_ignored() -> Iterator[None]:
+    """Within: a stdout or stderr whose reader went away (``kda replay | head -2``) drops what
+    is written to it instead of raising, so the command ends with its own exit code (a closed
+    pipe is not a mismatch); both are flushed on the way out, then put back."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ClosedPipeSafe(sys.stdout), _ClosedPipeSafe(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
 
 
 def implementation_prints(format: str) -> AbstractContextManager:
@@ -73,6 +120,14 @@ def human_value(value: Any) -> str:
     return str(value)
 
 
+def routes_text(routes: dict[str, str]) -> str:
+    """Which op ran through which implementation, each implementation named once:
+    ``tests/x.py: verify (kda_recoverssm_verify), defer (...); triton: plan, commit``."""
+    from traces.impl.surface import routes_by_implementation
+
+    return "; ".join(f"{name}: {', '.join(ops)}" for name, ops in routes_by_implementation(routes).items())
+
+
 def duration(seconds: float) -> str:
     """``40 s``, ``14 min``, ``2 h 5 min``: a time to wait, as precise as it is worth."""
     if seconds < 90:
@@ -88,8 +143,9 @@ def note(message: str) -> None:
 
 class Progress:
     """Progress of ``total`` steps on stderr: a transient bar on a terminal, else a line
-    ``"{label}: done/total"`` on the first update and then at most every ``LINE_SECONDS``;
-    nothing when ``enabled`` is false. With ``weights`` (each step's relative cost), both
+    ``"{label}: done/total"`` on the first update, then at most every ``LINE_SECONDS``, and
+    a last one with the final count when the block ends (unless that was the line before, or
+    no line came); nothing when ``enabled`` is false. With ``weights`` (each step's relative cost), both
     show the time left (``about 3 min left``): the time so far, scaled by the weight left
     over the weight done.
 
@@ -103,6 +159,8 @@ class Progress:
         self.weights = list(weights) if weights is not None else None
         self.bar = self.task = None
         self.last_line: float | None = None
+        self.shown: int | None = None
+        """The count the last line showed."""
         self.started = time.monotonic()
         self.done = 0
 
@@ -138,10 +196,13 @@ class Progress:
             self.bar.update(self.task, completed=done, total=self.total, left=self.left(now))
             return
         if self.last_line is None or now - self.last_line >= LINE_SECONDS:
-            self.last_line = now
+            self.last_line, self.shown = now, done
             left = self.left(now)
             note(f"{self.label}: {done}/{self.total}" + (f", {left}" if left else ""))
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+        elif self.enabled and exc[0] is None and self.shown is not None and self.shown != self.done:
+            self.shown = self.done
+            note(f"{self.label}: {self.done}/{self.total}")

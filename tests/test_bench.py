@@ -144,7 +144,8 @@ def test_a_documented_surface_module_benches_and_the_run_says_what_ran_where(dev
     assert routes[surface]["defer"] == f"{surface} (_defer_commit_kernel)" and routes[surface]["plan"] == "triton"
     result = kda("bench", "--interpreter-smoke", "--batch", "1", "--ops", "defer", "--impl", surface)
     assert result.returncode == 0, result.stderr
-    assert f"{surface}: ops through verify={surface} (kda_recoverssm_verify); plan=triton;" in result.stdout
+    assert f"{surface}: ops through {surface}: verify (kda_recoverssm_verify), defer (_defer_commit_kernel), flush " \
+           "(_prepare_flush_plan_kernel); triton: plan, commit, flush (commit)\n" in result.stdout
 
 
 def _synthetic(path: Path, medians: dict) -> str:

@@ -221,7 +221,7 @@ def test_output_paths_are_checked_before_any_work_and_nothing_is_created(args, n
 def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp_path):
     """Before any work: one line, exit 2, the file as it was; ``--force`` is what overwrites."""
     (tmp_path / "folder").mkdir()
-    old = tmp_path / "old.out"
+    old = tmp_path / "old.safetensors"
     old.write_text("an earlier result")
     trace = tmp_path / "t.safetensors"
     trace.write_bytes(b"")
@@ -229,6 +229,26 @@ def test_every_writer_refuses_an_existing_output_unless_forced(args, option, tmp
     assert done.returncode == 2 and done.stdout == ""
     assert _one_error(done.stderr) == f"Error: {option} {old}: exists (--force overwrites it)"
     assert old.read_text() == "an earlier result"
+
+
+@pytest.mark.parametrize("args, option", [
+    (["synth", "{out}"], "OUT"),
+    (["slice", "{trace}", "--events", "0:1", "--out", "{out}"], "--out"),
+    (["record", "merge", "{folder}", "{out}"], "OUT"),
+    (["record", "run", "{out}", "--", "true"], "OUT"),
+])
+def test_a_trace_is_written_only_to_a_safetensors_name(args, option, tmp_path, capsys, monkeypatch):
+    """A corpus folder is scanned for ``*.safetensors``: a trace named ``out.txt`` would be
+    skipped there, so it is refused before any work, naming the suffix."""
+    (tmp_path / "folder").mkdir()
+    trace = tmp_path / "t.safetensors"
+    trace.write_bytes(b"")
+    out = tmp_path / "out.txt"
+    names = {"out": out, "trace": trace, "folder": tmp_path / "folder"}
+    code, stdout, err = run_kda([a.format(**names) for a in args], capsys, monkeypatch)
+    assert (code, stdout) == (2, "") and not out.exists()
+    assert err.strip().splitlines() == [f"Error: {option} {out}: a trace file's name ends in .safetensors (a corpus "
+                                        "folder is scanned for *.safetensors alone)"]
 
 
 def test_force_overwrites_and_repro_replaces_only_a_bundle(tmp_path, capsys, monkeypatch):
@@ -295,6 +315,25 @@ def test_an_interpreter_replay_says_how_long_before_it_starts_and_what_is_left(t
     assert done.returncode == 0 and "interpreter" not in done.stderr, done.stderr
 
 
+def test_the_interpreter_estimate_is_given_for_implementations_that_run_triton(tmp_path, capsys, monkeypatch):
+    """A module built on the reference runs no Triton kernel: no interpreter time is claimed
+    for it (a 14 s estimate for a 2 s run); kda's kernels and modules on them get one."""
+    from tests.trace_helpers import make_trace
+    from traces.impl.loader import load_impl
+    from traces.replay.cost import runs_triton
+
+    broken = REPO / "tests" / "broken_impls"
+    assert [runs_triton(load_impl(str(spec))) for spec in (
+        "triton", REPO / "examples" / "recoverssm_module.py", REPO / "tests" / "documented_surface.py",
+        broken / "conv_window_off_by_one.py")] == [True] * 4
+    assert [runs_triton(load_impl(str(spec))) for spec in (
+        "reference", broken / "verify_writes_past_the_window.py", broken / "commit_out_of_resources.py")] == [False] * 3
+    trace = make_trace(tmp_path / "t.safetensors")
+    code, _, err = run_kda(["replay", str(trace), "--impl", str(broken / "flush_consumes_pending.py"), "--format",
+                            "json"], capsys, monkeypatch)
+    assert code == 1 and "interpreter" not in err and err.startswith("replay: 1/"), err
+
+
 def test_event_costs_follow_rows_heads_and_the_state_tile(tmp_path):
     from tests.trace_helpers import make_trace
     from traces.format.io import read_trace
@@ -316,8 +355,28 @@ def test_long_work_reports_progress_outside_a_terminal(tmp_path):
     out = tmp_path / "t.safetensors"
     done = _kda("synth", str(out), "--requests", "3")
     assert done.returncode == 0, done.stderr
-    assert "synth: requests finished: " in done.stderr and "/3" in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("synth: requests finished: ") and lines[-1] == "synth: requests finished: 3/3"
     assert done.stdout.startswith(f"wrote {out}: ") and out.is_file()
+
+
+def test_progress_outside_a_terminal_ends_with_the_final_count(monkeypatch, capsys):
+    """Lines come at most every few seconds, so the last update may not have one: the end of
+    the work logs it, once; work that logged nothing logs nothing at its end either."""
+    import kda_cli.output as output
+
+    ticks = iter(range(100))  # a second a call: every update within LINE_SECONDS of the first
+    monkeypatch.setattr(output.time, "monotonic", lambda: float(next(ticks)))
+    with output.Progress("synth: requests finished", 8, terminal=False) as bar:
+        for done in (1, 5, 8):
+            bar.update(done)
+    assert capsys.readouterr().err == "synth: requests finished: 1/8\nsynth: requests finished: 8/8\n"
+    monkeypatch.setattr(output.time, "monotonic", lambda: 0.0)
+    with output.Progress("replay", 2, terminal=False) as bar:
+        bar.update(2)
+    with output.Progress("slice", 0, terminal=False):
+        pass
+    assert capsys.readouterr().err == "replay: 2/2\n"
 
 
 def test_human_output_has_no_python_reprs(tmp_path, capsys, monkeypatch):
@@ -352,6 +411,31 @@ def test_replay_explains_ops_without_recorded_results(capsys):
     out = capsys.readouterr().out
     assert "commit: 4 events with no recorded results; they ran, to carry the buffers forward, but there was " \
            "nothing to compare" in out
+
+
+def test_the_ops_through_line_names_each_implementation_once(capsys):
+    """A file path five times over said nothing the one time does not: each implementation
+    once, its ops after it, with the function a route names."""
+    from kda_cli.commands.replay import _render
+    from traces.replay.compare import DEFAULT_TOLERANCES
+    from traces.replay.engine import ReplayReport
+    from traces.format.schema import BufferSizes, Dims, Manifest
+
+    manifest = Manifest(Dims(H=2, K=16, V=16, T=4), "bfloat16", "float32", -5.0, BufferSizes(2, 2, 2), {}, {})
+    manifest.events = []
+    path, surface = "tests/broken_impls/racy_verify.py", "tests/documented_surface.py"
+    for routes, line in (
+            ({op: path for op in ("verify", "plan", "defer", "commit", "flush")},
+             f"ops through: {path}: verify, plan, defer, commit, flush"),
+            ({"verify": f"{surface} (kda_recoverssm_verify)", "plan": "triton", "defer": f"{surface} "
+              "(_defer_commit_kernel)", "commit": "triton", "flush": f"{surface} (_prepare_flush_plan_kernel) + "
+              "triton (commit)", "commit_layers": "triton (kernels.commit_context)"},
+             f"ops through: {surface}: verify (kda_recoverssm_verify), defer (_defer_commit_kernel), flush "
+             "(_prepare_flush_plan_kernel); triton: plan, commit, flush (commit), commit_layers "
+             "(kernels.commit_context)")):
+        _render(ReplayReport("t.safetensors", path, "cpu", dict(DEFAULT_TOLERANCES), event_range=(0, 0),
+                             routes=routes), manifest)
+        assert capsys.readouterr().out.splitlines()[2] == line
 
 
 def test_one_triton_version_the_tested_series_is_pinned():
@@ -402,3 +486,105 @@ def test_every_program_the_readme_runs_exists():
     assert not missing, f"the README runs files the repository lacks: {missing}"
     for module in set(re.findall(r"--patch ([a-z_][\w.]*)", text)):
         assert importlib.util.find_spec(module) is not None, f"--patch {module}: no such module"
+
+
+def test_kda_debug_shows_the_implementation_frame_that_raised(tmp_path, capsys, monkeypatch):
+    """``KDA_DEBUG=1``: the traceback goes down to the implementation's own ``raise``, which the
+    ``Error:`` line (raised over it ``from None``) would hide; the line still comes last."""
+    from tests.trace_helpers import make_trace
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    impl = tmp_path / "faulty.py"
+    impl.write_text("from kernels.reference import *  # noqa: F401,F403\n\n\n"
+                    "def kda_recoverssm_verify(*args, **kwargs):\n"
+                    "    raise RuntimeError(\"illegal memory access (simulated)\")\n")
+    monkeypatch.setenv("KDA_DEBUG", "1")
+    code, out, err = run_kda(["replay", str(trace), "--impl", str(impl), "--no-progress"], capsys, monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 3 and out == ""
+    assert f'File "{impl}", line ' in err and 'raise RuntimeError("illegal memory access (simulated)")' in err
+    assert lines[-1].startswith("Error: ") and "RuntimeError: illegal memory access (simulated)" in lines[-1]
+
+
+def test_impl_and_patch_import_modules_of_the_current_folder_alike(tmp_path, capsys, monkeypatch):
+    """``--impl pkg.mod`` from the folder that holds ``pkg`` imports it, as ``--patch pkg.mod``
+    does in the recorded program: the current folder is importable for both."""
+    from tests.trace_helpers import make_trace
+    from traces.record.run import child_env
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    (tmp_path / "cwd_kernels").mkdir()
+    (tmp_path / "cwd_kernels" / "__init__.py").write_text("")
+    (tmp_path / "cwd_kernels" / "ref.py").write_text("from kernels.reference import *  # noqa: F401,F403\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = run_kda(["replay", "t.safetensors", "--impl", "cwd_kernels.ref", "--format", "json",
+                              "--no-progress"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["routes"]["verify"] == "cwd_kernels.ref"
+    env, _ = child_env(tmp_path / "r.safetensors", patches=["cwd_kernels.ref"], base={"TRITON_INTERPRET": "1"})
+    assert str(tmp_path) in env["PYTHONPATH"].split(os.pathsep)
+
+
+def test_a_closed_pipe_keeps_the_exit_code_of_the_work(tmp_path):
+    """``kda replay ... | head``: the reader is gone before the report is written; the exit
+    code is still the replay's (0 passes, 1 mismatches), with nothing on stderr about it."""
+    from tests.trace_helpers import make_trace
+
+    trace = make_trace(tmp_path / "t.safetensors")
+    broken = str(REPO / "tests" / "broken_impls" / "verify_writes_past_the_window.py")
+    for impl, verdict in (("reference", 0), (broken, 1)):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run([sys.executable, "-m", "kda_cli", "replay", str(trace), "--impl", impl,
+                                   "--no-progress"], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                                  env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (verdict, "")
+
+
+def test_version_option_and_h_for_help_on_every_command(capsys, monkeypatch):
+    from importlib import metadata
+
+    code, out, err = run_kda(["--version"], capsys, monkeypatch)
+    assert (code, out, err) == (0, f"kda {metadata.version('kda-recoverssm')}\n", "")
+    names = [name for name, _ in _commands()]
+    assert len(names) >= 9  # version, info, replay, synth, slice, repro, bench, record run, record merge
+    for name in ["", *names]:
+        code, out, err = run_kda([*name.split(), "-h"], capsys, monkeypatch)
+        assert code == 0 and out.startswith(f"Usage: kda {name}".rstrip() + " ") and err == "", (name, out, err)
+
+
+@pytest.mark.parametrize("given, meant", [("trition", "triton"), ("refrence", "reference")])
+def test_a_misspelt_impl_is_told_what_was_meant(given, meant, capsys, monkeypatch):
+    code, out, err = run_kda(["replay", "--impl", given, "--no-progress"], capsys, monkeypatch)
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines() == [f"Error: --impl {given}: cannot import it (No module named '{given}'); "
+                                        f"did you mean {meant}?"]
+
+
+def test_the_readme_starts_a_cpu_user_on_a_small_trace(tmp_path, capsys, monkeypatch):
+    """Its first section is short points (not one sentence of four topics); the first trace
+    it has a user write replays on a CPU in seconds, and a Kimi-K3-shaped synth says GPU."""
+    import shlex
+
+    from traces.format.io import read_trace
+    from traces.replay.cost import event_units, rough_seconds
+
+    text = (REPO / "README.md").read_text()
+    first = text.split("## First commands\n", 1)[1].split("\n## ", 1)[0]
+    prose = first.split("```", 1)[0]
+    assert len([point for point in prose.split("\n- ") if point.strip()]) >= 3
+    sentences = re.split(r"(?<=[.;:])\s", " ".join(prose.split()))
+    assert max(len(sentence.split()) for sentence in sentences) <= 30, sentences
+    synths = re.findall(r"^(kda synth [^#&\n]*)(.*)$", text, re.M)
+    assert "kda synth" in first and not any("k3-tp8" in command and "GPU" not in rest for command, rest in synths)
+    args = shlex.split(synths[0][0])[1:]
+    assert "--preset" not in args or args[args.index("--preset") + 1] == "tiny"
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_kda(args, capsys, monkeypatch)
+    assert code == 0, err
+    with read_trace(tmp_path / args[1]) as trace:
+        assert rough_seconds(sum(event_units(trace))) < 30 and (tmp_path / args[1]).stat().st_size < 2**20

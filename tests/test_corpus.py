@@ -163,6 +163,23 @@ def test_bad_corpus_arguments_are_one_error_line(corpus, tmp_path, capsys, monke
     assert err.strip().splitlines() == [f"Error: {message.format(**names)}"]
 
 
+def test_an_existing_junit_report_is_refused_unless_forced(tmp_path, capsys, monkeypatch):
+    """A CI job's second run: the refusal names ``--force``, which replay has and which
+    overwrites the report."""
+    trace = make_trace(tmp_path / "t.safetensors", SynthConfig(**{**TINY.__dict__, "requests": 2}))
+    junit = tmp_path / "replay.xml"
+    junit.write_text("an earlier report")
+    args = ["replay", str(trace), "--impl", "reference", "--workers", "1", "--junit-xml", str(junit)]
+    code, out, err = run_kda(args, capsys, monkeypatch)
+    assert (code, out) == (2, "") and err.strip().splitlines() == [f"Error: --junit-xml {junit}: exists (--force "
+                                                                   "overwrites it)"]
+    assert junit.read_text() == "an earlier report"
+    code, out, err = run_kda([*args, "--force"], capsys, monkeypatch)
+    assert code == 0, err
+    suite = ET.parse(junit).getroot()
+    assert (suite.tag, suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("testsuite", "1", "0", "0")
+
+
 def test_a_file_named_twice_runs_once(corpus):
     from traces.corpus.run import find_traces
 

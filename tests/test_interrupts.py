@@ -14,23 +14,25 @@ from pathlib import Path
 import pytest
 
 from tests.trace_helpers import make_trace
+from traces.format.io import read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "traces" / "samples" / "k3-tp8-sample.safetensors"
 BROKEN = REPO / "tests" / "broken_impls"
 
 
-def _stopped(args: list[str], started: str, sig: int, cwd: Path) -> tuple[int, str, list[str]]:
-    """Run ``kda ARGS``; send ``sig`` once a stderr line starts with ``started``."""
+def _stopped(args: list[str], started: str, sig: int, cwd: Path, group: bool = False) -> tuple[int, str, list[str]]:
+    """Run ``kda ARGS``; send ``sig`` once a stderr line starts with ``started``: to kda, or
+    with ``group`` to its process group, as a terminal's Ctrl-C is sent."""
     proc = subprocess.Popen([sys.executable, "-m", "kda_cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE, text=True, start_new_session=group,
                             env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
     seen = []
     try:
         for line in proc.stderr:
             seen.append(line)
             if line.startswith(started):
-                proc.send_signal(sig)
+                os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
                 break
         stdout, rest = proc.communicate(timeout=120)
     finally:
@@ -72,6 +74,32 @@ def test_writers_leave_nothing_behind(args, started, sig, tmp_path):
     assert "nothing written" in err[-1]
     assert not any(line.startswith("Traceback") for line in err)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("sig, group", [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["Ctrl-C at a terminal", "SIGTERM to kda"])
+def test_a_stopped_recording_is_merged_and_said_in_one_line(sig, group, tmp_path):
+    """Ctrl-C reaches kda alone, which stops the command (no traceback of its own), merges
+    what it recorded and says so in one ``Error:`` line, exit 130 or 143."""
+    program = tmp_path / "loop.py"
+    program.write_text("import sys, time\n"
+                       f"sys.path.insert(0, {str(REPO)!r})\n"
+                       "from tests.decode_loop import decode_loop\n"
+                       "from traces.record import api\n"
+                       "decode_loop(api('reference'), 'stock', steps=2)\n"
+                       "print('recorded', file=sys.stderr, flush=True)\n"
+                       "time.sleep(120)\n")
+    out = tmp_path / "run.safetensors"
+    code, stdout, err = _stopped(["record", "run", str(out), "--", sys.executable, str(program)], "recorded", sig,
+                                 tmp_path, group=group)
+    assert code == 128 + sig, err
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in err), err
+    with read_trace(out) as trace:
+        events = len(trace.events)
+    assert events >= 6 and not (tmp_path / "run.safetensors.shards").exists()
+    assert stdout.startswith(f"wrote {out}: {events} events (merged from ") and "killed by SIGTERM" in stdout
+    assert err[-1] == (f"Error: interrupted by {signal.Signals(sig).name}; the command was stopped; {events} events "
+                       f"recorded, in {out}")
 
 
 def test_an_interrupted_write_leaves_no_temporary_file(tmp_path, monkeypatch):

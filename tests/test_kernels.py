@@ -271,6 +271,21 @@ def test_stock_two_rounds_match_reference(device, monkeypatch, designs, H, K, V,
         p.q, p.k, p.v, p.raw_g, p.raw_beta = fresh.activations()
 
 
+def test_a_gate_whose_sigmoid_overflows_decays_exactly_and_warns_of_nothing(device):
+    """A * (raw_g + dt_bias) far below zero: the interpreter's exp overflows to inf inside the
+    sigmoid (numpy's RuntimeWarning, which the tests' set-up hides as harmless), the log
+    decay is 0 as the reference's is, and verify's results are the reference's."""
+    import warnings
+
+    p = make_problem(device, H=1, K=16, V=16, T=2, act=torch.float32, state_dtype=torch.float32, lower_bound=-5.0,
+                     seed=fresh_seed(), with_record_indices=False, lengths=[2], kinds=[1])
+    p.raw_g = torch.full_like(p.raw_g, -20.0)  # A = 16: exp(-A * x) = exp(320), past float32's range
+    p.A_log = torch.full_like(p.A_log, 16.0).log()
+    with warnings.catch_warnings(record=True) as seen:
+        check_verify(p, p.state, p.records, p.state.double(), float64_records(p.records))
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in seen]
+
+
 def deferred_buffers(p, rows, device):
     """The float64 state and records beside ``p``'s, and pending counts and plans for the
     kernels and the reference: counts 0 at the batch's record rows, -7 at rows no request owns."""

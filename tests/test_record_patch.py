@@ -128,6 +128,8 @@ def test_layers_all_records_every_layer_with_its_own_buffers(tmp_path, plain_out
     (["--max-mb", "inf"], "--max-mb inf: must be a positive number"),
     (["--max-mb", "1e-9"], "--max-mb 1e-09: less than one byte"),
     (["--impl", "missing/engine.py"], "--impl missing/engine.py: no such file"),
+    (["--patch", "tests.nosuch_surface"], "--patch tests.nosuch_surface: no such module on the import path"),
+    (["--patch", "examples.recoverssm_module,nosuch_top_level"], "--patch nosuch_top_level: no such module"),
 ])
 def test_bad_record_run_options_are_refused_before_the_command_runs(tmp_path, args, message, capfd, monkeypatch):
     """What the child's recorder would refuse once the program has started (with ``--patch``
@@ -139,6 +141,28 @@ def test_bad_record_run_options_are_refused_before_the_command_runs(tmp_path, ar
     assert code == 2 and out == "" and len(lines) == 1
     assert lines[0].startswith("Error: ") and message in lines[0]
     assert not ran.exists() and not list(tmp_path.glob("x.safetensors*"))
+
+
+def test_patch_names_are_looked_up_where_the_program_will_import_from(tmp_path, monkeypatch):
+    """A module beside the script, in the current folder or on PYTHONPATH is found, none of
+    them imported; a command of another environment is not second-guessed."""
+    from traces.record.run import unfound_patches
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "serve.py").write_text("import engine_kernels\n")
+    (tmp_path / "app" / "engine_kernels.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "lib" / "vendor").mkdir(parents=True)
+    (tmp_path / "lib" / "vendor" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "lib" / "vendor" / "ops.py").write_text("")
+    (tmp_path / "lib" / "spread" / "inner").mkdir(parents=True)  # namespace packages, as tests/broken_impls is
+    (tmp_path / "lib" / "spread" / "inner" / "ops.py").write_text("")
+    python = [sys.executable, "app/serve.py"]
+    monkeypatch.chdir(tmp_path)
+    assert unfound_patches(["engine_kernels", "app.serve", "kernels.reference", "vendor.ops", "spread.inner.ops",
+                            "vendor.nosuch", "spread.inner.nosuch", "nosuch"], python, str(tmp_path / "lib")) == \
+        ["vendor.nosuch", "spread.inner.nosuch", "nosuch"]
+    assert unfound_patches(["nosuch"], ["sh", "run.sh"], None) == []
+    assert not {"engine_kernels", "vendor", "spread"} & set(sys.modules)
 
 
 def test_a_trace_left_by_an_earlier_run_is_not_reported_as_recorded(tmp_path, capfd, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def test_every_mode_replays_clean_with_the_reference(mode, tmp_path, capsys, mon
     path = make_trace(tmp_path / f"{mode}.safetensors", SynthConfig(preset="tiny", mode=mode, requests=4, seed=5))
     code, report, err = _replay_json([str(path), "--impl", "reference"], capsys, monkeypatch)
     assert code == 0 and report["passed"], err
-    ops = set(report["summary"])
+    ops = set(report["summary"]) - {"write"}  # a reused slot's prefill, where the schedule reuses one
     assert ops == ({"verify", "plan", "commit"} if mode == "stock" else {"verify", "plan", "defer", "commit", "flush"})
 
 
@@ -56,6 +57,49 @@ def test_synth_is_deterministic_per_seed():
     assert all(torch.equal(a.tensors[n], b.tensors[n]) for n in a.tensors)
     c = synthesize(SynthConfig(**{**TINY.__dict__, "seed": TINY.seed + 1}))
     assert not torch.equal(a.tensors["params.A_log"], c.tensors["params.A_log"])
+
+
+def _verify_rows(built) -> list[list[tuple[int, int]]]:
+    """Each verify event's rows as (slot, query length)."""
+    rows = []
+    for e in built.manifest.events:
+        if e.op == "verify":
+            qsl = built.tensors[e.inputs["query_start_loc"]].tolist()
+            rows.append([(int(s), b - a) for s, a, b in zip(built.tensors[e.inputs["state_indices"]], qsl, qsl[1:])])
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["mixed", "stock", "deferred"])
+def test_the_default_synth_trace_exercises_every_rule_a_kernel_can_break(mode):
+    """At the defaults, whatever the seed: partial windows (the last step's all partial, as
+    the final records keep them), padding rows with PAD_ID and with the null slot, and slots
+    reused after a prefill."""
+    from traces.format.schema import NULL_ID, PAD_ID
+
+    for seed in range(4):
+        built = synthesize(SynthConfig(mode=mode, seed=seed))
+        steps, T = _verify_rows(built), built.manifest.dims.T
+        assert any(0 < n < T for step in steps for s, n in step if s > NULL_ID), seed
+        assert all(0 < n < T for s, n in steps[-1] if s > NULL_ID), seed
+        padding = [(s, n) for step in steps for s, n in step if s <= NULL_ID]
+        assert {s for s, _ in padding} == {PAD_ID, NULL_ID} and {n for _, n in padding} == {0}, seed
+        assert any(e.op == "write" for e in built.manifest.events), seed
+        slots = [s for step in steps for s, _ in step if s > NULL_ID]
+        assert len(set(slots)) <= 5 < 8, seed  # 8 requests in 5 slots: some reused
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_write_past_the_window_fails_the_default_trace(seed, tmp_path, capsys, monkeypatch):
+    """No seed of the default ``kda synth`` trace passes a verify that writes records past a
+    row's window: the final records show it."""
+    path = tmp_path / "t.safetensors"
+    code, _, err = run_kda(["synth", str(path), "--seed", str(seed)], capsys, monkeypatch)
+    assert code == 0, err
+    impl = str(Path(__file__).resolve().parent / "broken_impls" / "verify_writes_past_the_window.py")
+    code, report, err = _replay_json([str(path), "--impl", impl], capsys, monkeypatch)
+    assert code == 1, err
+    assert [t["role"] for t in report["final"] if not t["passed"]] == ["records.correction"]
+    assert all(t["passed"] for e in report["events"] for t in e["tensors"])
 
 
 def _tamper_out(good, tmp_path):
@@ -273,7 +317,8 @@ def test_documented_surface_module_replays(mode, tmp_path, capsys, monkeypatch):
         assert {"defer", "flush"} <= set(report["summary"])
     code, out, err = run_kda(["replay", str(path), "--impl", "tests/documented_surface.py", "--no-progress"],
                              capsys, monkeypatch)
-    assert code == 0 and "defer=tests/documented_surface.py (_defer_commit_kernel)" in out, err
+    assert code == 0 and "ops through: tests/documented_surface.py: verify (kda_recoverssm_verify), defer " \
+        "(_defer_commit_kernel), flush (_prepare_flush_plan_kernel); triton: plan, commit, flush (commit)\n" in out, err
 
 
 def test_documented_surface_with_a_wrong_defer_rule_is_named(capsys, monkeypatch, good):

@@ -242,7 +242,22 @@ def test_tools_of_one_layer_refuse_a_v2_trace(v2_trace, tmp_path, capsys, monkey
 def test_synth_refuses_deferred_layers(tmp_path, capsys, monkeypatch):
     code, _, err = run_kda(["synth", str(tmp_path / "x.safetensors"), "--layers", "2", "--mode", "deferred"],
                            capsys, monkeypatch)
-    assert code == 2 and "stock mode only" in err and not (tmp_path / "x.safetensors").exists()
+    assert code == 2 and not (tmp_path / "x.safetensors").exists()
+    assert err.strip().splitlines() == ["Error: --mode deferred: traces of several layers or conv state are "
+                                        "synthesised in stock mode only (--mode stock, which they get when --mode "
+                                        "is not given)"]
+
+
+@pytest.mark.parametrize("option", [["--layers", "2"], ["--conv-width", "3"]])
+def test_synth_of_layers_or_conv_state_needs_no_mode(option, tmp_path, capsys, monkeypatch):
+    """Stock is the one mode of a trace of the engine's commit: without --mode it is the one."""
+    out = tmp_path / "x.safetensors"
+    code, _, err = run_kda(["synth", str(out), *option, "--requests", "1", "--steps", "1"], capsys, monkeypatch)
+    assert code == 0, err
+    with read_trace(out) as trace:
+        assert [e.op for e in trace.events if e.op != "write"] == ["verify"] * trace.manifest.num_layers + \
+            ["commit_layers"]
+        assert "--mode stock" in trace.manifest.provenance["note"]
 
 
 def test_the_synthesised_commit_moves_each_window_to_its_accepted_token(v2_trace):

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from kda_cli.options import check_format, force_option, output_file, parse_ints, parse_names
-from kda_cli.output import emit, implementation_prints, make_console, note, plural
+from kda_cli.output import emit, implementation_prints, make_console, note, plural, routes_text
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input
 
 NO_GPU = "kda bench needs a CUDA GPU; none found (use --interpreter-smoke for a CPU smoke run)"
@@ -44,7 +44,7 @@ def _render_human(run, ratios: dict, comparison) -> None:
                       f"read+written, median of {c['count']})")
     impls = w["impls"]
     for impl, routes in w.get("routes", {}).items():  # runs saved before routes were recorded have none
-        console.print(escape(f"{impl}: ops through " + "; ".join(f"{op}={where}" for op, where in routes.items())))
+        console.print(escape(f"{impl}: ops through {routes_text(routes)}"))
     real = not run.label
     traced = "trace" in w
     layers = w.get("layers", 1)  # runs saved before --layers have one

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, force_option, output_file, parse_names
+from kda_cli.options import check_format, force_option, parse_names, trace_output_file
 from kda_cli.output import emit, plural, printable
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, interrupted
 
@@ -44,7 +44,7 @@ def merge(
     check_format(format)
     if not shards.is_dir():
         raise CommandError(f"{shards}: {'is not a folder' if shards.exists() else 'no such folder'}")
-    output_file(out, "OUT", force=force)
+    trace_output_file(out, "OUT", force=force)
     from traces.record.recorder import RecordError, merge_shards
 
     try:
@@ -96,16 +96,19 @@ def run(
         raise CommandError(f"--ops {ops!r}: name at least one op", EXIT_BAD_INPUT)
     if max_mb is not None and max_mb * 2**20 < 1:
         raise CommandError(f"--max-mb {max_mb:g}: less than one byte", EXIT_BAD_INPUT)
-    output_file(out, "OUT", force=force)
+    trace_output_file(out, "OUT", force=force)
     from traces.format.exit_status import how_it_ended
     from traces.record.recorder import RecordError, shards_dir
-    from traces.record.run import RecordRunError, record_command
+    from traces.record.run import RecordInterrupted, RecordRunError, record_command
 
     patches = list(parse_names(patch))
+    stopped = False
     try:
         run = record_command(out, list(ctx.args), output_to_stderr=format == "json", impl=impl, ops=ops,
                              max_events=max_events, max_mb=max_mb, snapshot=snapshot, patches=patches, layer=layer,
                              layers=layers)
+    except RecordInterrupted as stop:
+        run, stopped = stop.run, True
     except RecordError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
     except RecordRunError as exc:
@@ -118,6 +121,10 @@ def run(
         note = f" (merged from {shards_dir(out)} after the command {how_it_ended(code)})" \
             if run.merged_from_shards else ""
         _print(run.result, format, note, exit_status=code, interpreter=run.interpreter)
+    if stopped:
+        kept = f"{plural(run.result.events, 'event')} recorded, in {out}" if run.result is not None else \
+            "nothing recorded"
+        raise interrupted(f"the command was stopped; {kept}")
     if code != 0:
         raise CommandError(f"the command {how_it_ended(code)}", EXIT_RUNTIME)
     if run.result is None:

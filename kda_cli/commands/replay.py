@@ -11,8 +11,10 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, parse_ints, parse_range, parse_tolerances, resolve_range
-from kda_cli.output import Progress, duration, emit, implementation_prints, make_console, note, plural, printable
+from kda_cli.options import check_format, force_option, parse_ints, parse_range, parse_tolerances, resolve_range
+from kda_cli.output import (
+    Progress, duration, emit, implementation_prints, make_console, note, plural, printable, routes_text,
+)
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 from kda_cli.sample import trace_path
 
@@ -47,6 +49,7 @@ def replay(
                                            "ray://host:port, or local for a Ray instance started here)."),
     ray_ship: bool = typer.Option(False, "--ray-ship", help="Corpus on Ray: send each trace's bytes with its task "
                                                             "(default: tasks read the path, on a shared file system)."),
+    force: bool = force_option("the --junit-xml file"),
 ) -> None:
     """Replay a trace's events and compare every result with the recorded one.
 
@@ -68,7 +71,7 @@ def replay(
         from kda_cli.commands.replay_corpus import replay_corpus
 
         return replay_corpus(traces, impl=impl, format=format, stop_at_first=stop_at_first, tolerances=tolerances,
-                             workers=workers, junit_xml=junit_xml, ray=ray, ship=ray_ship)
+                             workers=workers, junit_xml=junit_xml, ray=ray, ship=ray_ship, force=force)
     if trace is not None and not trace.is_file():
         raise CommandError(f"{trace}: {'is a folder, not a trace file' if trace.is_dir() else 'no such file'}")
     device = select_device()  # before the kernels are imported
@@ -76,7 +79,7 @@ def replay(
     from traces.impl.loader import load_impl
     from traces.format.io import read_trace
     from traces.replay.engine import ReplayFailure, ReplayInterrupted, replay as run_replay
-    from traces.replay.cost import event_units
+    from traces.replay.cost import event_units, runs_triton
 
     with ExitStack() as stack:
         stack.enter_context(bad_input())
@@ -85,7 +88,7 @@ def replay(
         with implementation_prints(format):
             module = load_impl(impl)
         units = event_units(opened)[:span[1]]
-        if progress and device == "cpu" and impl != "reference":
+        if progress and device == "cpu" and runs_triton(module):
             note(_interpreter_estimate(units, impl))
         bar = stack.enter_context(Progress("replay", span[1], enabled=progress, weights=units))
         try:
@@ -145,7 +148,7 @@ def _render(report, manifest, interrupted: bool = False) -> None:
                   f"H={d.H} K={d.K} V={d.V} T={d.T}, {manifest.activation_dtype} activations, "
                   f"{manifest.state_dtype} state; events {a}:{b} of {len(manifest.events)}"
                   f"{' (stopped at the first mismatch)' if report.stopped_early else ''}")
-    console.print("ops through: " + "; ".join(f"{op}={escape(where)}" for op, where in report.routes.items()))
+    console.print("ops through: " + escape(printable(routes_text(report.routes))))
     tol = "; ".join(f"{k} atol={t.atol:g} rtol={t.rtol:g}" for k, t in report.tolerances.items())
     console.print(f"tolerances: {tol}; integers and records.key_gate exact")
     if interrupted and not report.events:

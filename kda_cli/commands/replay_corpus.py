@@ -22,10 +22,12 @@ MARKS = {"passed": "[green]PASS[/]", "mismatch": "[red]FAIL[/]", "raised": "[red
 
 
 def replay_corpus(paths: list[Path], *, impl: str, format: str, stop_at_first: bool, tolerances: dict,
-                  workers: Optional[int], junit_xml: Optional[Path], ray: Optional[str], ship: bool) -> None:
+                  workers: Optional[int], junit_xml: Optional[Path], ray: Optional[str], ship: bool,
+                  force: bool = False) -> None:
     """Replay every trace of ``paths`` (files, folders); one line per trace as it finishes,
     then the summary (stdout; the lines go to stderr under ``--format json``), exit code the
-    worst trace's; interrupted: the partial summary, then 130/143."""
+    worst trace's; interrupted: the partial summary, then 130/143. An existing ``junit_xml``
+    is refused before any work unless ``force``."""
     if not paths:
         raise CommandError("--workers, --junit-xml and --ray replay a corpus: name its traces or folders")
     if workers is not None and workers < 1:
@@ -33,7 +35,7 @@ def replay_corpus(paths: list[Path], *, impl: str, format: str, stop_at_first: b
     if ship and not ray:
         raise CommandError("--ray-ship ships traces to Ray tasks; it needs --ray")
     if junit_xml is not None:
-        output_file(junit_xml, "--junit-xml", inputs=paths)
+        output_file(junit_xml, "--junit-xml", inputs=paths, force=force)
     from traces.corpus.run import CorpusError, ReplaySettings, find_traces
     from traces.corpus.junit import write_junit
 

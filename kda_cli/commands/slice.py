@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from kda_cli.options import check_format, force_option, output_file, parse_range, resolve_range
+from kda_cli.options import check_format, force_option, parse_range, resolve_range, trace_output_file
 from kda_cli.output import Progress, emit, plural
 from kda_cli.runtime import bad_input, interrupted, select_device
 
@@ -31,7 +31,7 @@ def slice_trace(
     """
     check_format(format)
     parse_range(events)
-    output_file(out, "--out", inputs=[trace], force=force)
+    trace_output_file(out, "--out", inputs=[trace], force=force)
     device = select_device()
     from traces.impl.loader import load_impl
     from traces.format.io import read_trace

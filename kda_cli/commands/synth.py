@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kda_cli.options import check_format, force_option, output_file
+from kda_cli.options import check_format, force_option, trace_output_file
 from kda_cli.output import Progress, emit, plural
 from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, interrupted, select_device
 
@@ -16,7 +16,8 @@ from kda_cli.runtime import EXIT_BAD_INPUT, CommandError, interrupted, select_de
 def synth(
     out: Path = typer.Argument(..., help="Trace file to write (.safetensors)."),
     preset: str = typer.Option("tiny", "--preset", help="k3-tp8 (H=12, K=V=128, T=8) or tiny (H=2, K=V=16, T=4)."),
-    mode: str = typer.Option("mixed", "--mode", help="stock, deferred or mixed."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="stock, deferred or mixed (default mixed; stock with "
+                                                             "--layers or --conv-width, the only mode they have)."),
     requests: int = typer.Option(8, "--requests", help="Requests that arrive over the run."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Cap on decode steps (default: until all finish)."),
     seed: int = typer.Option(0, "--seed"),
@@ -39,9 +40,9 @@ def synth(
     The file is written whole or not at all; Ctrl-C or SIGTERM leaves nothing (exit 130/143).
     """
     check_format(format)
-    from traces.synth.config import SynthConfig
+    from traces.synth.config import SynthConfig, default_mode
 
-    config = SynthConfig(preset=preset, mode=mode, requests=requests, steps=steps, seed=seed, acceptance=acceptance,
+    config = SynthConfig(preset=preset, mode=mode or default_mode(layers, conv_width), requests=requests, steps=steps, seed=seed, acceptance=acceptance,
                          max_batch=max_batch, num_slots=slots, num_record_rows=record_rows,
                          max_decode_steps=decode_steps, keep_expected=expected, note=note, layers=layers,
                          conv_width=conv_width, conv_layout=conv_layout)
@@ -49,7 +50,7 @@ def synth(
         config.check()
     except ValueError as exc:
         raise CommandError(str(exc), EXIT_BAD_INPUT) from None
-    output_file(out, "OUT", force=force)
+    trace_output_file(out, "OUT", force=force)
     select_device()  # the reference lives beside the kernels; keep the interpreter choice consistent
     from traces.synth.simulation import synthesize
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from traces.format.schema import SUFFIX
 from traces.replay.tolerances import Tolerance
 
 OUTCOME_CODES = {"passed": 0, "mismatch": 1, "refused": 2, "raised": 3, "crashed": 3}
@@ -23,8 +24,6 @@ OUTCOME_CODES = {"passed": 0, "mismatch": 1, "refused": 2, "raised": 3, "crashed
 
 FAILED = ("mismatch", "raised", "crashed")
 """Outcomes counted as failures (JUnit: ``mismatch`` a failure, the others errors)."""
-
-SUFFIX = ".safetensors"
 
 MAX_FAILING = 10
 """Failing tensor comparisons a trace's result keeps (the first ones); a replay of the trace

@@ -25,6 +25,9 @@ from traces.format.roles import (  # noqa: F401  (the roles are part of the sche
 )
 
 FORMAT_NAME = "kda-trace"
+SUFFIX = ".safetensors"
+"""How a trace file's name ends: a corpus folder is scanned for ``*.safetensors``, and the
+commands that write a trace refuse another name."""
 FORMAT_VERSION = 2
 """The version written for a trace of several layers or with conv state; others are written
 as version 1 (``Manifest.version``)."""

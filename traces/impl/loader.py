@@ -6,12 +6,19 @@ functions, or only the documented surface (``traces.impl.surface.SURFACE``: veri
 type and the two raw kernels), in which case the ops it lacks run through kda's kernels.
 The buffer API (``KDARecoverSSMRecords``, ``CommitPlan``, ``allocate_records``) is the
 module's own when it defines it, else that of ``kernels.buffers``.
+
+One import rule for every module named on the command line: the current folder is
+importable, as under ``python -m``. ``--impl`` is imported with it at the end of
+``sys.path`` (so that it shadows no installed package); a program recorded with ``--patch``
+gets it on its ``PYTHONPATH`` (``traces.record.run.child_env``).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +34,10 @@ API = {
     "flush": "kda_recoverssm_flush",
 }
 """Op name in a trace -> function name every implementation exposes."""
+
+
+BUILT_IN = ("triton", "reference")
+"""The implementations named by a word: kda's kernels and its torch reference."""
 
 
 class ImplError(ValueError):
@@ -54,11 +65,14 @@ def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl | R
     elif names_a_file(spec):
         module = _load_file(Path(spec), option)
     else:
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())  # the current folder, importable as under ``python -m``
         try:
             module = importlib.import_module(spec)
         except ImportError as exc:
-            raise ImplError(f"{option} {spec}: cannot import it ({exc}); expected triton, reference, "
-                            "a module name or a .py file") from None
+            close = difflib.get_close_matches(spec, BUILT_IN, n=1) if getattr(exc, "name", None) == spec else []
+            then = f"did you mean {close[0]}?" if close else "expected triton, reference, a module name or a .py file"
+            raise ImplError(f"{option} {spec}: cannot import it ({exc}); {then}") from None
         except Exception as exc:
             raise ImplError(f"{option} {spec}: importing it failed: {type(exc).__name__}: {exc}") from None
     missing = [fn for fn in API.values() if not callable(getattr(module, fn, None))]

@@ -12,6 +12,7 @@ a trace's commit of every layer through it). ``routes`` says which op ran where.
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 
 SURFACE = ("kda_recoverssm_verify", "KDARecoverSSMRecords", "_defer_commit_kernel", "_prepare_flush_plan_kernel")
@@ -96,3 +97,20 @@ def op_routes(impl, name: str) -> dict[str, str]:
 
     routes = getattr(impl, "routes", None)
     return dict(routes) if isinstance(routes, dict) else {op: name for op in API}
+
+
+_ROUTE_PART = re.compile(r"(.*) \(([^()]*)\)")
+"""A route's part: ``NAME`` or ``NAME (function)``; a route is one part or two joined by ``" + "``."""
+
+
+def routes_by_implementation(routes: dict[str, str]) -> dict[str, list[str]]:
+    """``routes`` (op -> the implementation it runs through, ``op_routes``' words) turned
+    round: implementation -> its ops, in order, each with the function it runs in parentheses
+    where the route names one (``flush (commit)``); an op of a two-part route is under both."""
+    grouped: dict[str, list[str]] = {}
+    for op, route in routes.items():
+        for part in route.split(" + "):
+            match = _ROUTE_PART.fullmatch(part)
+            name, function = (match[1], match[2]) if match else (part, "")
+            grouped.setdefault(name, []).append(f"{op} ({function})" if function else op)
+    return grouped

@@ -6,10 +6,14 @@ The interpreter runs every program of a kernel as Python over numpy blocks, so a
 grows with its programs (batch rows times heads) and, more slowly, with a head's K x V state
 tile; plan and defer are small. Measured with triton 3.6 on a 2-core CPU: a verify at H=12,
 K=V=128 takes about 5 s a batch row, a commit or flush about two thirds of that; at H=2,
-K=V=16 about 0.2 s a row.
+K=V=16 about 0.2 s a row. It is the cost of an implementation that runs Triton kernels
+(``runs_triton``); one built on the torch reference takes a fraction of it.
 """
 
 from __future__ import annotations
+
+import sys
+from types import ModuleType
 
 from traces.format.io import Trace
 
@@ -19,6 +23,8 @@ OP_WEIGHT = {"verify": 1.0, "commit": 0.7, "flush": 0.7, "commit_layers": 0.7}
 """Ops that run over the state, relative to verify (``commit_layers``: a layer's share)."""
 SMALL_OP_UNITS = 1000.0
 """A plan or a defer (a few tens of milliseconds)."""
+REFERENCE_MODULES = ("kernels.reference", "kernels.reference_context", "kernels.buffers", "kernels.contract")
+"""kda's modules that launch no Triton kernel: the torch reference and what it is built on."""
 SECONDS_PER_UNIT = 2.2e-5
 """Interpreter seconds per unit on the 2-core CPU measured: for a rough figure before any
 event has run; the ETA is calibrated on the events that have."""
@@ -41,9 +47,44 @@ def event_units(trace: Trace) -> list[float]:
     return units
 
 
+def runs_triton(impl) -> bool:
+    """Whether ``impl`` (from ``traces.impl.loader.load_impl``) runs Triton kernels, which
+    this cost is of: one whose routes send an op to kda's kernels (a documented or released
+    surface: its plan and commit are kda's), or a module that holds Triton kernels or the
+    ``triton`` package, or takes anything from one of kda's ``kernels`` other than
+    ``REFERENCE_MODULES`` or from another module that imports ``triton``. A module built on
+    the reference is not (an exception class of ``triton``'s aside)."""
+    from traces.impl.surface import KDA, routes_by_implementation
+
+    routes = getattr(impl, "routes", None)
+    if isinstance(routes, dict):
+        return KDA in routes_by_implementation(routes)
+    sources = {impl.__name__}
+    for value in vars(impl).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None) or ""
+        if type(value).__module__.startswith("triton.") or isinstance(value, ModuleType) and _top(name) == "triton":
+            return True  # a Triton kernel (triton.jit and its wrappers), or triton itself
+        if name and _top(name) != "triton":
+            sources.add(name)
+    return any(_launches_triton(name) for name in sources)
+
+
+def _top(name: str) -> str:
+    return name.partition(".")[0]
+
+
+def _launches_triton(name: str) -> bool:
+    """Whether the module ``name`` is one of kda's Triton modules, or imports ``triton``."""
+    if _top(name) == "kernels":
+        return name not in REFERENCE_MODULES
+    module = sys.modules.get(name)
+    return module is not None and any(isinstance(v, ModuleType) and _top(v.__name__) == "triton"
+                                      for v in vars(module).values())
+
+
 def rough_seconds(units: float) -> float:
     """``units`` as interpreter seconds on the CPU measured (``SECONDS_PER_UNIT``)."""
     return units * SECONDS_PER_UNIT
 
 
-__all__ = ["event_units", "rough_seconds"]
+__all__ = ["event_units", "rough_seconds", "runs_triton"]

@@ -11,6 +11,12 @@ MODES = ("stock", "deferred", "mixed")
 KEEP_EXPECTED = ("all", "outputs", "none")
 
 
+def default_mode(layers: int, conv_width: int | None) -> str:
+    """The mode of a simulation that names none: ``stock`` for a trace of the engine's commit
+    (several layers or conv state), the only mode it has; else ``mixed``."""
+    return "stock" if layers > 1 or conv_width is not None else "mixed"
+
+
 @dataclass(frozen=True)
 class Preset:
     dims: Dims
@@ -87,6 +93,6 @@ class SynthConfig:
             raise ValueError(f"--conv-layout {self.conv_layout}: expected one of {', '.join(CONV_LAYOUTS)}")
         if self.engine_commit and self.mode != "stock":
             raise ValueError(f"--mode {self.mode}: traces of several layers or conv state are synthesised in stock "
-                             "mode only")
+                             "mode only (--mode stock, which they get when --mode is not given)")
         if self.engine_commit and self.num_record_rows is not None:
             raise ValueError("--record-rows: the engine's commit keeps a record row per slot (--slots)")

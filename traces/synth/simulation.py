@@ -1,9 +1,14 @@
 """Synthetic traces from a small scheduler simulation (``kda synth``).
 
 Requests arrive, decode for a few steps and finish; their state slots and record rows are
-recycled. Each step's batch is padded to a CUDA-graph size with null rows of length 0.
-Accepted lengths follow an acceptance rate (each draft token accepted with probability
-``acceptance`` until the first rejection). Modes:
+recycled. Each step's batch is padded to a CUDA-graph size (a power of two; the first step
+the largest, ``max_batch``) with rows of length 0, whose slots are ``PAD_ID`` and the null
+slot by turns over the run. A window is ``T`` tokens, now and then fewer, and a request's
+last one always fewer (it reaches its length inside it), so the final records hold partial
+windows, where a write past a window shows. At the defaults (8 requests, ``max_batch`` 4,
+5 slots, 4 record rows) every trace has partial windows, padding rows with both slots, and
+reused slots and record rows. Accepted lengths follow an acceptance rate (each draft token
+accepted with probability ``acceptance`` until the first rejection). Modes:
 
 stock     verify, plan, commit every step (record row = batch row). With several layers or
           conv state (format v2): each step a verify a layer (records at the row's slot),
@@ -116,6 +121,8 @@ class _Simulation:
         self.live: list[_Request] = []
         self.used_slots: set[int] = set()
         self.used_rows: set[int] = set()
+        self.padding_slots = 0
+        self.steps = 0
 
     def new_layer(self) -> _Layer:
         """A layer's random parameters, random checkpoints (and conv state), empty records."""
@@ -226,25 +233,29 @@ class _Simulation:
             self.free_slots.append(r.slot)
             self.free_rows.append(r.record_row)
 
-    def padded(self, reqs: list[_Request]) -> tuple[list[_Request | None], int]:
-        """Rows of a step: the requests in random order, then null padding rows up to a
-        CUDA-graph size (a power of two, at most ``max_batch``)."""
+    def padded(self, reqs: list[_Request], largest: bool = False) -> tuple[list[_Request | None], int]:
+        """Rows of a step: the requests in random order, then padding rows up to a CUDA-graph
+        size (a power of two, at most ``max_batch``; ``max_batch`` itself when ``largest``)."""
         rows: list[_Request | None] = [reqs[i] for i in self.rng.permutation(len(reqs))]
         size = 1
         while size < len(rows):
             size *= 2
-        size = max(min(size, self.cfg.max_batch), len(rows))
+        size = max(self.cfg.max_batch if largest else min(size, self.cfg.max_batch), len(rows))
         rows += [None] * (size - len(rows))
         return rows, size
 
     def index_column(self, rows: list[_Request | None], attr: str) -> torch.Tensor:
-        """Slots or record rows of each row; padding rows alternate between PAD_ID and the null slot."""
+        """Slots or record rows of each row; a padding row's record row is PAD_ID, its slot
+        PAD_ID and the null slot by turns over the run."""
         values = []
-        for b, r in enumerate(rows):
+        for r in rows:
             if r is not None:
                 values.append(getattr(r, attr))
+            elif attr == "record_row":
+                values.append(PAD_ID)
             else:
-                values.append(PAD_ID if attr == "record_row" or b % 2 else NULL_ID)
+                values.append(NULL_ID if self.padding_slots % 2 else PAD_ID)
+                self.padding_slots += 1
         return torch.tensor(values, dtype=torch.int32)
 
     def randn(self, *shape: int) -> torch.Tensor:
@@ -255,9 +266,9 @@ class _Simulation:
         stock_mode = cfg.mode == "stock"
         if not stock_mode:
             self.flush([r for r in self.live if r.pending > 0])  # before a verify overwrites the record rows
-        rows, batch = self.padded(self.live)
-        lens = [0 if r is None else (d.T if self.rng.random() < 0.85 else int(self.rng.integers(1, d.T + 1)))
-                for r in rows]
+        rows, batch = self.padded(self.live, largest=not self.steps)
+        self.steps += 1
+        lens = [0 if r is None else self.window(r) for r in rows]
         qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
         slots = self.index_column(rows, "slot")
         rec = slots if cfg.engine_commit else None if stock_mode else self.index_column(rows, "record_row")
@@ -353,6 +364,13 @@ class _Simulation:
         ref.kda_recoverssm_commit(layer.pool, layer.records, layer.A_log, layer.dt_bias, self.lower_bound, slots,
                                   self.plan, record_indices=rec)
         self.out.add_event("commit", {"state_indices": slots, "record_indices": rec}, self.written(written))
+
+    def window(self, r: _Request) -> int:
+        """A request's window this step: ``T`` tokens or now and then fewer; fewer at its last step."""
+        T = self.dims.T
+        if r.steps_left <= 1 and T > 1:
+            return int(self.rng.integers(1, T))
+        return T if self.rng.random() < 0.85 else int(self.rng.integers(1, T + 1))
 
     def accepted(self, query_len: int) -> int:
         """Accepted tokens of a window: the bonus token plus drafts up to the first rejection."""
