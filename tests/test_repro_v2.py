@@ -14,8 +14,9 @@ from tests.trace_helpers import make_trace, run_kda
 from traces.format.io import read_trace
 from traces.synth.config import SynthConfig
 
-LAYERS = SynthConfig(preset="tiny", mode="stock", requests=4, seed=5, max_batch=4, max_decode_steps=2, layers=3,
-                     conv_width=3)
+LAYERS = SynthConfig(preset="tiny", mode="stock", requests=2, seed=5, max_batch=2, max_decode_steps=2, layers=3,
+                     conv_width=3, steps=2)
+"""Two decode steps: 14 events, a commit of every layer at events 6 and 13."""
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def v2_trace(tmp_path_factory) -> Path:
     return make_trace(tmp_path_factory.mktemp("v2") / "layers.safetensors", LAYERS)
 
 
-@pytest.mark.parametrize("events", ["10:20", "10:34"])
+@pytest.mark.parametrize("events", ["4:9", "4:14"])
 def test_a_slice_of_a_v2_trace_replays(v2_trace, tmp_path, capsys, monkeypatch, events):
     out = tmp_path / "cut.safetensors"
     code, _, err = run_kda(["slice", str(v2_trace), "--events", events, "--out", str(out)], capsys, monkeypatch)
@@ -37,3 +38,38 @@ def test_a_slice_of_a_v2_trace_replays(v2_trace, tmp_path, capsys, monkeypatch, 
     for impl in ("triton", "reference"):
         code, out_text, err = run_kda(["replay", str(out), "--impl", impl, "--no-progress"], capsys, monkeypatch)
         assert code == 0, out_text + err
+
+
+BROKEN = Path(__file__).resolve().parent / "broken_impls"
+
+
+def test_a_conv_window_wrong_in_one_layer_is_shrunk_to_a_bundle_that_fails_there(v2_trace, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """conv_window_one_layer.py corrupts layer 1's window after each commit: the bundle holds
+    fewer events and layers and fails at commit_layers / conv_windows in layer 1 again,
+    also through ``sh repro.sh`` in a fresh process (the check ``kda repro`` runs before it
+    writes the bundle)."""
+    impl, bundle = str(BROKEN / "conv_window_one_layer.py"), tmp_path / "bundle"
+    code, out, err = run_kda(["repro", str(v2_trace), "--out", str(bundle), "--impl", impl, "--format", "json"],
+                             capsys, monkeypatch)
+    assert code == 1, err
+    summary = json.loads(out)
+    for which in ("original", "shrunk"):
+        found = summary[which]
+        assert (found["op"], found["tensor"], found["kind"], found["layer"]) == (
+            "commit_layers", "conv_windows", "mismatch", 1), summary
+    assert summary["fresh_process_exit"] == 1
+    assert summary["shrunk_events"] < summary["events"] and summary["shrunk_layers"] == 2
+    with read_trace(bundle / "trace.safetensors") as small:
+        assert small.manifest.version == 2 and small.manifest.num_layers == 2
+        assert small.events[-1].op == "commit_layers"
+    # the bundle was replayed by `sh repro.sh --format json --no-progress` in a fresh process, layer compared
+    assert ("exited 1 with first divergence commit_layers / conv_windows / mismatch / layer 1: the same signature"
+            in (bundle / "report.md").read_text())
+
+
+def test_repro_of_a_v2_trace_that_passes_writes_nothing_and_exits_0(v2_trace, tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "bundle"
+    code, out, err = run_kda(["repro", str(v2_trace), "--out", str(bundle), "--format", "json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["passed"] and not bundle.exists()

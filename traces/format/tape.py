@@ -92,6 +92,11 @@ class Tape:
     def num_layers(self) -> int:
         return 1 + len(self.further_layers)
 
+    @property
+    def version(self) -> int:
+        """The trace format it writes: 2 for several layers or conv state, else 1."""
+        return 2 if self.further_layers or self.conv is not None else 1
+
     def layer(self, index: int) -> LayerTensors:
         """Layer ``index``'s own tensors (for layer 0 without the shared plan's)."""
         if index > 0:

@@ -192,7 +192,7 @@ def _json_signature(stdout: str) -> Signature | None:
         return None
     op, tensor = failing[0]
     actual = float(tensor["first_bad"]["actual"])  # JSON spells NaN and Inf as strings: "nan", "inf"
-    return Signature(op, tensor["role"], failure_kind(actual))
+    return Signature(op, tensor["role"], failure_kind(actual), tensor["first_bad"].get("layer"))
 
 
 def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
@@ -253,7 +253,7 @@ def _report(result: ShrinkResult, source: Path, impl: str, command: list[str],
 
 def _divergence_lines(label: str, d: Divergence, events: int) -> list[str]:
     head = f"- {label} ({events} event{'' if events == 1 else 's'}): event {d.event}, op `{d.signature.op}`, tensor `{d.signature.tensor}`, " \
-           f"{d.signature.kind}"
+           f"{d.signature.kind}" + (f", layer {d.signature.layer}" if d.signature.layer is not None else "")
     c = d.comparison
     if c is None:
         return [head, f"  - {d.message}"]
