@@ -40,6 +40,38 @@ def test_a_slice_of_a_v2_trace_replays(v2_trace, tmp_path, capsys, monkeypatch, 
         assert code == 0, out_text + err
 
 
+def test_a_slice_folds_each_commit_through_the_reference_context_of_its_records(v2_trace, tmp_path, capsys,
+                                                                               monkeypatch):
+    """A trace whose commits keep records by batch row (expected results the reference's): the
+    events before the slice run each commit through the reference context of those records,
+    and the slice replays."""
+    import kernels.reference
+    from kernels.reference_context import ReferenceCommitContext
+    from traces.format.tape import Player, Tape, initial_layer_buffers
+    from traces.repro.expected import with_expected
+
+    with read_trace(v2_trace) as trace:
+        tape = Tape.load(trace)
+    for step in tape.steps:
+        if step.op == "commit_layers":
+            step.attrs["records"] = "batch_row"
+    by_row = tmp_path / "by-row.safetensors"
+    with_expected(tape, kernels.reference, final=True).write(by_row)
+    player = Player(tape, kernels.reference, initial_layer_buffers(tape, kernels.reference, "cpu"), "cpu")
+    for step in tape.steps[:7]:
+        player(step)
+    (key, context), = player.contexts.items()
+    assert key == ("batch_row", "kda") and type(context) is ReferenceCommitContext and context.records == "batch_row"
+
+    out = tmp_path / "cut.safetensors"
+    code, _, err = run_kda(["slice", str(by_row), "--events", "7:14", "--out", str(out)], capsys, monkeypatch)
+    assert code == 0, err
+    with read_trace(out) as cut:
+        assert [e.attrs.get("records") for e in cut.events if e.op == "commit_layers"] == ["batch_row"]
+    code, out_text, err = run_kda(["replay", str(out), "--no-progress"], capsys, monkeypatch)
+    assert code == 0, out_text + err
+
+
 BROKEN = Path(__file__).resolve().parent / "broken_impls"
 
 
