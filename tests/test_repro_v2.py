@@ -78,7 +78,7 @@ BROKEN = Path(__file__).resolve().parent / "broken_impls"
 def test_a_conv_window_wrong_in_one_layer_is_shrunk_to_a_bundle_that_fails_there(v2_trace, tmp_path, capsys,
                                                                                  monkeypatch):
     """conv_window_one_layer.py corrupts layer 1's window after each commit: the bundle holds
-    fewer events and layers and fails at commit_layers / conv_windows in layer 1 again,
+    fewer events, layers and heads and fails at commit_layers / conv_windows in layer 1 again,
     also through ``sh repro.sh`` in a fresh process (the check ``kda repro`` runs before it
     writes the bundle)."""
     impl, bundle = str(BROKEN / "conv_window_one_layer.py"), tmp_path / "bundle"
@@ -92,6 +92,7 @@ def test_a_conv_window_wrong_in_one_layer_is_shrunk_to_a_bundle_that_fails_there
             "commit_layers", "conv_windows", "mismatch", 1), summary
     assert summary["fresh_process_exit"] == 1
     assert summary["shrunk_events"] < summary["events"] and summary["shrunk_layers"] == 2
+    assert summary["shrunk_dims"]["H"] == 1
     with read_trace(bundle / "trace.safetensors") as small:
         assert small.manifest.version == 2 and small.manifest.num_layers == 2
         assert small.events[-1].op == "commit_layers"

@@ -11,9 +11,9 @@ names them.
 ``play`` runs a tape's events through any object exposing the kernel API (a module, or a
 ``traces.record.recorder.Recorder``), starting from the tape's initial buffers, and returns the
 buffers after the last event played; ``play_layers`` does so for every layer, running the
-``commit_layers`` events through a commit context of the api (``traces.replay.commit_context``). With ``patch=True`` every buffer region an event's
-expected results describe is overwritten with them after the event, so the buffers follow
-the recording wherever it recorded something.
+``commit_layers`` events through a commit context of the api (``Player``). With
+``patch=True`` every buffer region an event's expected results describe is overwritten with
+them after the event, so the buffers follow the recording wherever it recorded something.
 
 ``event_call`` is the one place where an event becomes a kernel call: ``play``, the replay
 (``traces.replay.engine``) and the trace bench (``traces.bench``) all run events through it, the
@@ -51,8 +51,9 @@ class Step:
 
 @dataclass
 class LayerTensors:
-    """A layer's own tensors beyond the first layer's, by role: ``params``, ``initial`` and
-    ``final`` (``schema.LAYER_BUFFERS`` and, with conv state, ``conv_state``; ``final`` may be empty)."""
+    """One layer's own tensors (not the shared plan's), by role: ``params``, ``initial`` and
+    ``final`` (``schema.LAYER_BUFFERS`` and, with conv state, ``conv_state``; ``final`` may
+    be empty)."""
 
     params: dict[str, torch.Tensor]
     initial: dict[str, torch.Tensor]
@@ -101,8 +102,7 @@ class Tape:
         """Layer ``index``'s own tensors (for layer 0 without the shared plan's)."""
         if index > 0:
             return self.further_layers[index - 1]
-        own = lambda d: {r: t for r, t in d.items() if r not in SHARED_BUFFERS}  # noqa: E731
-        return LayerTensors(self.params, own(self.initial), own(self.final))
+        return LayerTensors(self.params, _own(self.initial), _own(self.final))
 
     def with_layers(self, layers: list[LayerTensors], plan: dict[str, torch.Tensor],
                     final_plan: dict[str, torch.Tensor] | None = None, **changes: Any) -> "Tape":
@@ -143,13 +143,18 @@ class Tape:
         return replace(self, steps=steps, **changes)
 
 
+def _own(buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A layer's own buffers among ``buffers`` (the shared plan's left out)."""
+    return {role: t for role, t in buffers.items() if role not in SHARED_BUFFERS}
+
+
 def require_one_layer(manifest: Manifest) -> None:
-    """Refuse a trace of several layers or with conv state (format v2), which only
-    ``kda replay`` and ``kda info`` read for now: ``TraceError``."""
+    """Refuse a trace of several layers or with conv state (format v2), which the tools of
+    one layer's buffers (``trace_buffers``) do not read: ``TraceError``."""
     if manifest.version != 1:
         raise TraceError(f"the trace holds {manifest.num_layers} layer(s)"
                          f"{' with conv state' if manifest.conv is not None else ''} (format v2), which only "
-                         "kda replay and kda info read")
+                         "kda replay, kda slice, kda repro and kda info read")
 
 
 @dataclass
@@ -373,8 +378,7 @@ def rebased(tape: Tape, start: int, oracle, device: str = "cpu",
     layers = play_layers(tape, oracle, device, stop=start, patch=True, progress=progress)
     cpu = [{role: t.detach().to("cpu", copy=True) for role, t in b.as_roles().items()} for b in layers]
     plan = {role: t for role, t in cpu[0].items() if role in SHARED_BUFFERS}
-    own = [LayerTensors(tape.layer(i).params, {r: t for r, t in c.items() if r not in SHARED_BUFFERS},
-                        tape.layer(i).final) for i, c in enumerate(cpu)]
+    own = [LayerTensors(tape.layer(i).params, _own(c), tape.layer(i).final) for i, c in enumerate(cpu)]
     final_plan = {r: t for r, t in tape.final.items() if r in SHARED_BUFFERS}
     return tape.with_layers(own, plan, final_plan, steps=tape.steps[start:])
 

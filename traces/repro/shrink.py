@@ -18,7 +18,8 @@ is cut to the largest batch that reads it.
 A trace of format v2 (several layers, conv state) is cut after its first divergence and
 rebased like any other (the events before it played through the oracle, ``commit_layers``
 through the oracle's commit context); its passes are: drop a layer its first divergence is
-not in (the signature then names the layer by its new index), drop single events. Its
+not in (the signature then names the layer by its new index), drop single events, keep
+one head. Its
 expected results are the oracle's (``traces.repro.expected``), its buffers kept whole.
 """
 
@@ -308,9 +309,10 @@ def _drop_rows(tape: Tape) -> Iterator[Tape]:
 
 
 def _keep_one_head(tape: Tape) -> Iterator[Tape]:
+    tidy = compact if tape.version == 1 else (lambda t: t)
     if tape.dims.H > 1:
         for h in range(tape.dims.H):
-            yield compact(keep_heads(tape, [h]))
+            yield tidy(keep_heads(tape, [h]))
 
 
 def _shorten(tape: Tape) -> Iterator[Tape]:
@@ -321,7 +323,8 @@ def _shorten(tape: Tape) -> Iterator[Tape]:
 _PASSES = tuple((name, _same_signature(candidates)) for name, candidates in (
     ("drop event", _drop_events), ("drop request", _drop_requests), ("drop row", _drop_rows),
     ("keep one head", _keep_one_head), ("shorten window", _shorten)))
-_LAYER_PASSES = (("drop layer", _drop_layers), ("drop event", _same_signature(_without_steps)))
+_LAYER_PASSES = (("drop layer", _drop_layers), ("drop event", _same_signature(_without_steps)),
+                 ("keep one head", _same_signature(_keep_one_head)))
 """The passes of a trace of format v2."""
 
 

@@ -10,8 +10,8 @@ Rows of a plan are positional: a plan or flush writes plan rows ``0..B-1`` and t
 commit events after it read them by batch row. Such a run of events is one *row space*;
 removing batch row b removes it from every event of its space (and from the initial plan
 when the space starts before any plan). A trace of several layers (format v2) can lose a
-layer (``drop_layer``); the row, request, head and window cuts and ``compact`` are for
-traces of one layer without conv state (format v1). A verify is a row space of its own; a ``write`` has
+layer (``drop_layer``) and heads (``keep_heads``); the row, request and window cuts and
+``compact`` are for traces of one layer without conv state (format v1). A verify is a row space of its own; a ``write`` has
 no batch rows and belongs to none, and is cut like the buffers it writes.
 """
 
@@ -110,15 +110,19 @@ def drop_request(tape: Tape, slot: int) -> Tape:
 
 
 def keep_heads(tape: Tape, heads: list[int]) -> Tape:
-    """Only the given heads: parameters, buffers and activations cut along the head axis."""
+    """Only the given heads: every layer's parameters and buffers and the activations cut
+    along the head axis (a conv state has no head axis: it stays)."""
     K = tape.dims.K
     idx = torch.tensor(heads, dtype=torch.long)
     cols = (idx[:, None] * K + torch.arange(K)[None, :]).reshape(-1)
-    params = {"A_log": tape.params["A_log"][idx], "dt_bias": tape.params["dt_bias"][cols]}
-    initial = dict(tape.initial)
-    initial["checkpoint_state"] = initial["checkpoint_state"][:, idx]
-    for role in ("records.correction", "records.key_gate"):
-        initial[role] = initial[role][:, idx]
+
+    def cut(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> LayerTensors:
+        buffers = dict(buffers)
+        for role in ("checkpoint_state", "records.correction", "records.key_gate"):
+            buffers[role] = buffers[role][:, idx]
+        return LayerTensors({"A_log": params["A_log"][idx], "dt_bias": params["dt_bias"][cols]}, buffers)
+
+    layers = [cut(x.params, x.initial) for x in (tape.layer(i) for i in range(tape.num_layers))]
     steps = []
     for s in tape.steps:
         inputs = dict(s.inputs)
@@ -134,7 +138,8 @@ def keep_heads(tape: Tape, heads: list[int]) -> Tape:
             inputs["dt_bias"] = inputs["dt_bias"][cols]
         steps.append(Step(s.op, inputs, {}, dict(s.attrs)))
     dims = type(tape.dims)(len(heads), K, tape.dims.V, tape.dims.T)
-    return tape.with_steps(steps, dims=dims, params=params, initial=initial, final={})
+    plan = {role: tape.initial[role] for role in SHARED_BUFFERS}
+    return tape.with_layers(layers, plan, steps=steps, dims=dims)
 
 
 def shorten_windows(tape: Tape, T: int) -> Tape:
