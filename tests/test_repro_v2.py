@@ -96,6 +96,7 @@ def test_a_conv_window_wrong_in_one_layer_is_shrunk_to_a_bundle_that_fails_there
     with read_trace(bundle / "trace.safetensors") as small:
         assert small.manifest.version == 2 and small.manifest.num_layers == 2
         assert small.events[-1].op == "commit_layers"
+    assert "; 2 layers (format v2)" in (bundle / "report.md").read_text()
     # the bundle was replayed by `sh repro.sh --format json --no-progress` in a fresh process, layer compared
     assert ("exited 1 with first divergence commit_layers / conv_windows / mismatch / layer 1: the same signature"
             in (bundle / "report.md").read_text())
@@ -106,3 +107,20 @@ def test_repro_of_a_v2_trace_that_passes_writes_nothing_and_exits_0(v2_trace, tm
     code, out, err = run_kda(["repro", str(v2_trace), "--out", str(bundle), "--format", "json"], capsys, monkeypatch)
     assert code == 0, err
     assert json.loads(out)["passed"] and not bundle.exists()
+
+
+def test_determinism_replays_every_layer_and_compares_each_result(v2_trace):
+    """The reference's runs agree bit for bit; racy_verify.py's verifies (every layer's) do not."""
+    import kernels.reference
+    from traces.format.tape import Tape
+    from traces.impl.loader import load_impl
+    from traces.repro.determinism import check_determinism
+
+    with read_trace(v2_trace) as trace:
+        tape = Tape.load(trace)
+    report = check_determinism(tape, kernels.reference, 2)
+    assert report.deterministic and report.errors == [None, None], report.to_json()
+    racy = check_determinism(tape, load_impl(str(BROKEN / "racy_verify.py")), 2)
+    differing = {(d.event, d.op, d.tensor) for d in racy.differences}
+    verifies = {i for i, s in enumerate(tape.steps) if s.op == "verify"}
+    assert {(i, "verify", "out") for i in verifies} <= differing, racy.to_json()
