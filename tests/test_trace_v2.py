@@ -233,12 +233,6 @@ def test_hostile_v2_manifests_are_refused_with_one_line(v2_trace, tmp_path, caps
     assert "Traceback" not in out + err
 
 
-def test_tools_of_one_layer_refuse_a_v2_trace(v2_trace, tmp_path, capsys, monkeypatch):
-    code, _, err = run_kda(["slice", str(v2_trace), "--events", "0:4", "--out", str(tmp_path / "cut.safetensors")],
-                           capsys, monkeypatch)
-    assert code == 2 and err.startswith("Error: ") and "format v2" in err and len(err.splitlines()) == 1
-
-
 def test_synth_refuses_deferred_layers(tmp_path, capsys, monkeypatch):
     code, _, err = run_kda(["synth", str(tmp_path / "x.safetensors"), "--layers", "2", "--mode", "deferred"],
                            capsys, monkeypatch)

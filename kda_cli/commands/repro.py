@@ -90,7 +90,8 @@ def _render(s: dict) -> None:
         print(f"{s['trace']}: replay through {s['impl']} passes; nothing to reproduce")
     else:
         o, d = s["original"], s["shrunk"]
-        print(f"{s['trace']}: first divergence at event {o['event']} ({o['op']}, {o['tensor']}, {o['kind']})")
+        layer = f", layer {o['layer']}" if "layer" in o else ""
+        print(f"{s['trace']}: first divergence at event {o['event']} ({o['op']}, {o['tensor']}, {o['kind']}{layer})")
         print(f"shrunk {plural(s['events'], 'event')} -> {s['shrunk_events']}, "
               f"at most {plural(s['shrunk_rows'], 'row')}, H={s['shrunk_dims']['H']} T={s['shrunk_dims']['T']} ({plural(s['checks'], 'candidate')} tried); "
               f"same divergence at event {d['event']}, also in a fresh process")

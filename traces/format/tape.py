@@ -4,11 +4,16 @@
 that carry their tensors by role. Tools that rewrite traces (slicing, shrinking) edit a
 tape and write it back with ``Tape.write`` (which validates).
 
+A tape of format v2 holds every layer: layer 0's tensors in ``params``, ``initial`` and
+``final`` (with the shared plan's), the others' in ``further_layers``, as the manifest
+names them.
+
 ``play`` runs a tape's events through any object exposing the kernel API (a module, or a
 ``traces.record.recorder.Recorder``), starting from the tape's initial buffers, and returns the
-buffers after the last event played. With ``patch=True`` every buffer region an event's
-expected results describe is overwritten with them after the event, so the buffers follow
-the recording wherever it recorded something.
+buffers after the last event played; ``play_layers`` does so for every layer, running the
+``commit_layers`` events through a commit context of the api (``Player``). With
+``patch=True`` every buffer region an event's expected results describe is overwritten with
+them after the event, so the buffers follow the recording wherever it recorded something.
 
 ``event_call`` is the one place where an event becomes a kernel call: ``play``, the replay
 (``traces.replay.engine``) and the trace bench (``traces.bench``) all run events through it, the
@@ -24,7 +29,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from traces.format.io import Trace, TraceBuilder
-from traces.format.schema import NULL_ID, PLAN_FIELDS, BufferSizes, Dims, Manifest, TraceError
+from traces.format.schema import (NULL_ID, PLAN_FIELDS, SHARED_BUFFERS, BufferSizes, ConvSpec, Dims, Manifest,
+                                  TraceError)
 
 
 @dataclass
@@ -44,9 +50,22 @@ class Step:
 
 
 @dataclass
+class LayerTensors:
+    """One layer's own tensors (not the shared plan's), by role: ``params``, ``initial`` and
+    ``final`` (``schema.LAYER_BUFFERS`` and, with conv state, ``conv_state``; ``final`` may
+    be empty)."""
+
+    params: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor]
+    final: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
 class Tape:
-    """A whole trace in memory. ``initial`` and ``final`` map ``schema.BUFFERS`` roles to
-    tensors (``final`` may be empty); ``params`` maps ``A_log`` and ``dt_bias``."""
+    """A whole trace in memory. ``initial`` and ``final`` map ``schema.BUFFERS`` roles (and
+    ``conv_state`` with ``conv``) to layer 0's and the shared plan's tensors (``final`` may be
+    empty); ``params`` maps ``A_log`` and ``dt_bias``; ``further_layers`` holds layers 1..,
+    whose final buffers are written only where ``final`` is not empty."""
 
     dims: Dims
     activation_dtype: str
@@ -57,16 +76,42 @@ class Tape:
     steps: list[Step]
     final: dict[str, torch.Tensor] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    further_layers: list[LayerTensors] = field(default_factory=list)
+    conv: ConvSpec | None = None
 
     @classmethod
     def load(cls, trace: Trace) -> "Tape":
-        """Every tensor of an opened trace (``traces.format.io.read_trace``), loaded on the CPU;
-        a trace of one layer without conv state (``require_one_layer``)."""
+        """Every tensor of an opened trace (``traces.format.io.read_trace``), any version,
+        loaded on the CPU."""
         m, tensors = trace.manifest, trace.tensors
-        require_one_layer(m)
         steps = [Step(e.op, tensors(e.inputs), tensors(e.expected), dict(e.attrs)) for e in m.events]
+        further = [LayerTensors(tensors(x.params), tensors(x.initial), tensors(x.final)) for x in m.further_layers]
         return cls(m.dims, m.activation_dtype, m.state_dtype, m.lower_bound, tensors(m.params), tensors(m.initial),
-                   steps, tensors(m.final), dict(m.provenance))
+                   steps, tensors(m.final), dict(m.provenance), further, m.conv)
+
+    @property
+    def num_layers(self) -> int:
+        return 1 + len(self.further_layers)
+
+    @property
+    def version(self) -> int:
+        """The trace format it writes: 2 for several layers or conv state, else 1."""
+        return 2 if self.further_layers or self.conv is not None else 1
+
+    def layer(self, index: int) -> LayerTensors:
+        """Layer ``index``'s own tensors (for layer 0 without the shared plan's)."""
+        if index > 0:
+            return self.further_layers[index - 1]
+        return LayerTensors(self.params, _own(self.initial), _own(self.final))
+
+    def with_layers(self, layers: list[LayerTensors], plan: dict[str, torch.Tensor],
+                    final_plan: dict[str, torch.Tensor] | None = None, **changes: Any) -> "Tape":
+        """A copy whose layers are ``layers`` (layer 0 first) and shared plan ``plan`` (and
+        ``final_plan`` where the layers have final buffers)."""
+        first, rest = layers[0], list(layers[1:])
+        final = {**first.final, **(final_plan or {})} if first.final else {}
+        return replace(self, params=first.params, initial={**first.initial, **plan}, final=final,
+                       further_layers=rest, **changes)
 
     def sizes(self) -> BufferSizes:
         return BufferSizes(self.initial["checkpoint_state"].shape[0], self.initial["pending"].shape[0],
@@ -74,12 +119,17 @@ class Tape:
 
     def builder(self) -> TraceBuilder:
         manifest = Manifest(self.dims, self.activation_dtype, self.state_dtype, self.lower_bound, self.sizes(),
-                            {}, {}, provenance=dict(self.provenance))
+                            {}, {}, provenance=dict(self.provenance), conv=self.conv)
         b = TraceBuilder(manifest)
         b.set_params(self.params["A_log"], self.params["dt_bias"])
         b.set_buffers("initial", self.initial)
         if self.final:
             b.set_buffers("final", self.final)
+        for i, layer in enumerate(self.further_layers, start=1):
+            b.set_params(layer.params["A_log"], layer.params["dt_bias"], layer=i)
+            b.set_buffers("initial", layer.initial, layer=i)
+            if self.final:  # final buffers are all or none: layer 0's say which
+                b.set_buffers("final", layer.final, layer=i)
         for s in self.steps:
             b.add_event(s.op, s.inputs, s.expected, s.attrs)
         return b
@@ -93,13 +143,18 @@ class Tape:
         return replace(self, steps=steps, **changes)
 
 
+def _own(buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A layer's own buffers among ``buffers`` (the shared plan's left out)."""
+    return {role: t for role, t in buffers.items() if role not in SHARED_BUFFERS}
+
+
 def require_one_layer(manifest: Manifest) -> None:
-    """Refuse a trace of several layers or with conv state (format v2), which only
-    ``kda replay`` and ``kda info`` read for now: ``TraceError``."""
+    """Refuse a trace of several layers or with conv state (format v2), which the tools of
+    one layer's buffers (``trace_buffers``) do not read: ``TraceError``."""
     if manifest.version != 1:
         raise TraceError(f"the trace holds {manifest.num_layers} layer(s)"
                          f"{' with conv state' if manifest.conv is not None else ''} (format v2), which only "
-                         "kda replay and kda info read")
+                         "kda replay, kda slice, kda repro and kda info read")
 
 
 @dataclass
@@ -204,31 +259,90 @@ def apply_write(x: Mapping[str, torch.Tensor], bufs: Buffers) -> None:
             buf.copy_(x[role].to(dev))
 
 
+def initial_layer_buffers(tape: Tape, api, device: str) -> list[Buffers]:
+    """Fresh copies of every layer's initial buffers and parameters on ``device``, in
+    ``api``'s buffer types, all sharing layer 0's plan."""
+    first = initial_buffers(tape, api, device)
+    return [first] + [Buffers.from_roles({**x.initial, **x.params}, api, device, plan=first.plan)
+                      for x in tape.further_layers]
+
+
+class Player:
+    """Runs a tape's steps through ``api`` on ``layers`` (one ``Buffers`` a layer, sharing
+    one plan): a per-layer op on the layer its attr ``layer`` names, a ``commit_layers``
+    through the commit context of its records and rule (opened over every layer when first
+    needed, ``traces.replay.commit_context.open_commit_context``)."""
+
+    def __init__(self, tape: Tape, api, layers: list[Buffers], device: str):
+        self.tape, self.api, self.layers, self.device = tape, api, layers, device
+        self.contexts: dict[tuple[str, str], Any] = {}
+
+    def __call__(self, step: Step):
+        """Run ``step``; return what the op returns."""
+        x = {role: t.to(self.device) for role, t in step.inputs.items()}
+        if step.op != "commit_layers":
+            return event_call(self.api, step.op, x, step.attrs, self.layers[step.attrs.get("layer", 0)],
+                              self.tape.dims.T, self.tape.lower_bound)()
+        from traces.replay.commit_context import commit_call, event_context_key, open_commit_context
+
+        key = event_context_key(step.attrs)
+        if key not in self.contexts:
+            self.contexts[key] = open_commit_context(self.api, self.layers, self.tape.conv, self.tape.dims.T,
+                                                     self.tape.lower_bound, *key)
+        return commit_call(self.contexts[key], x, step.attrs)()
+
+
 def call(api, step: Step, bufs: Buffers, tape: Tape, device: str):
-    """Run one step through ``api`` on ``bufs``; returns what the op returns."""
-    x = {role: t.to(device) for role, t in step.inputs.items()}
-    return event_call(api, step.op, x, step.attrs, bufs, tape.dims.T, tape.lower_bound)()
+    """Run one per-layer step through ``api`` on ``bufs``; returns what the op returns."""
+    return Player(tape, api, [bufs], device)(step)
 
 
 def play(tape: Tape, api, device: str = "cpu", stop: int | None = None, patch: bool = False,
          bufs: Buffers | None = None, progress: Callable[[int, int], None] | None = None) -> Buffers:
-    """Run steps ``0..stop-1`` (all by default) through ``api`` on ``bufs`` (default: fresh
-    ``initial_buffers``); return the buffers after them. ``progress(done, total)`` follows
-    every step."""
-    bufs = bufs or initial_buffers(tape, api, device)
+    """Run steps ``0..stop-1`` (all by default) of a one-layer tape through ``api`` on
+    ``bufs`` (default: fresh ``initial_buffers``); return the buffers after them.
+    ``progress(done, total)`` follows every step."""
+    return play_layers(tape, api, device, stop, patch, [bufs] if bufs else None, progress)[0]
+
+
+def play_layers(tape: Tape, api, device: str = "cpu", stop: int | None = None, patch: bool = False,
+                layers: list[Buffers] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[Buffers]:
+    """``play`` for a tape of any number of layers (``Player``) on ``layers`` (default: fresh
+    ``initial_layer_buffers``); returns every layer's buffers. With ``patch``, each step's
+    expected results are written into the buffers after it (``apply_expected``)."""
+    layers = layers or initial_layer_buffers(tape, api, device)
+    player = Player(tape, api, layers, device)
     steps = tape.steps[:stop]
     for i, step in enumerate(steps):
-        call(api, step, bufs, tape, device)
+        player(step)
         if patch:
-            apply_expected(step, bufs, tape.dims.T)
+            apply_expected(step, layers, tape)
         if progress is not None:
             progress(i + 1, len(steps))
-    return bufs
+    return layers
 
 
-def apply_expected(step: Step, bufs: Buffers, T: int) -> None:
-    """Overwrite the buffer regions ``step``'s expected results describe with those results."""
+def apply_expected(step: Step, layers: list[Buffers], tape: Tape) -> None:
+    """Overwrite the buffer regions ``step``'s expected results describe with those results
+    (a ``commit_layers``'s in every layer, another op's in the layer it names)."""
     e, x = step.expected, step.inputs
+    if step.op == "commit_layers":
+        if "slots" not in e:
+            return
+        history = tape.conv.width - 1
+        for i, bufs in enumerate(layers):
+            slots = e["slots"].long().to(bufs.pool.device)
+            if "states" in e:
+                bufs.pool[slots] = e["states"][i].to(bufs.pool.device)
+            if "conv_windows" in e:
+                window = e["conv_windows"][i].to(bufs.conv.device)
+                if tape.conv.layout == "dim_first":
+                    bufs.conv[slots, :, :history] = window
+                else:
+                    bufs.conv[slots, :history] = window
+        return
+    bufs, T = layers[step.attrs.get("layer", 0)], tape.dims.T
     dev = bufs.pool.device
     if step.op == "verify":
         slots = x["state_indices"].long()
@@ -256,14 +370,19 @@ def apply_expected(step: Step, bufs: Buffers, T: int) -> None:
 def rebased(tape: Tape, start: int, oracle, device: str = "cpu",
             progress: Callable[[int, int], None] | None = None) -> Tape:
     """The tape from step ``start`` on, its initial buffers the state before that step:
-    steps ``0..start-1`` played through ``oracle`` with their expected results patched in
-    (``progress`` as for ``play``)."""
+    steps ``0..start-1`` played through ``oracle`` (every layer; ``commit_layers`` through
+    the oracle's commit context) with their expected results patched in (``progress`` as
+    for ``play``)."""
     if start == 0:
         return tape
-    bufs = play(tape, oracle, device, stop=start, patch=True, progress=progress)
-    initial = {role: t.detach().to("cpu", copy=True) for role, t in bufs.as_roles().items()}
-    return tape.with_steps(tape.steps[start:], initial=initial)
+    layers = play_layers(tape, oracle, device, stop=start, patch=True, progress=progress)
+    cpu = [{role: t.detach().to("cpu", copy=True) for role, t in b.as_roles().items()} for b in layers]
+    plan = {role: t for role, t in cpu[0].items() if role in SHARED_BUFFERS}
+    own = [LayerTensors(tape.layer(i).params, _own(c), tape.layer(i).final) for i, c in enumerate(cpu)]
+    final_plan = {r: t for r, t in tape.final.items() if r in SHARED_BUFFERS}
+    return tape.with_layers(own, plan, final_plan, steps=tape.steps[start:])
 
 
-__all__ = ["Buffers", "Step", "Tape", "apply_expected", "call", "event_call", "initial_buffers", "play", "rebased",
-           "require_one_layer", "trace_buffers", "trace_layer_buffers"]
+__all__ = ["Buffers", "LayerTensors", "Player", "Step", "Tape", "apply_expected", "call", "event_call",
+           "initial_buffers", "initial_layer_buffers", "play", "play_layers", "rebased", "require_one_layer",
+           "trace_buffers", "trace_layer_buffers"]

@@ -2,8 +2,8 @@
 
 A logic bug fails the same way every time; a race moves. Each run plays the trace's
 events through the implementation from the same initial buffers under a
-``traces.record.recorder.Recorder``, and every result it records is compared bitwise with the
-first run's. A run that raises is compared up to where it raised, and the error message
+``traces.record.recorder.Recorder`` (a trace of format v2: ``traces.repro.expected.played``),
+and every result it records is compared bitwise with the first run's. A run that raises is compared up to where it raised, and the error message
 is compared too.
 """
 
@@ -19,6 +19,7 @@ import torch
 from traces.format.io import read_trace
 from traces.record.recorder import record_play
 from traces.format.tape import Tape, initial_buffers
+from traces.repro.expected import played
 
 
 @dataclass
@@ -59,18 +60,20 @@ def check_determinism(tape: Tape, impl, runs: int, device: str = "cpu") -> Deter
     with tempfile.TemporaryDirectory(prefix="kda-determinism-") as tmp:
         for r in range(runs):
             path = Path(tmp) / f"run-{r}.safetensors"
-            bufs = initial_buffers(tape, impl, device)
-            error = None
+            error, run = None, []
             try:
-                record_play(tape, impl, path, device, bufs=bufs)
+                if tape.version == 1:
+                    record_play(tape, impl, path, device, bufs=initial_buffers(tape, impl, device))
+                else:
+                    for expected in played(tape, impl, device):
+                        run.append(expected)
             except Exception as exc:  # the implementation raised: compare what completed
                 error = f"{type(exc).__name__}: {exc}"
             report.errors.append(error)
             if path.exists():
                 with read_trace(path) as trace:
-                    results.append([s.expected for s in Tape.load(trace).steps])
-            else:
-                results.append([])
+                    run = [s.expected for s in Tape.load(trace).steps]
+            results.append(run)
     for r in range(1, runs):
         for i, (ops, first, other) in enumerate(zip(tape.steps, results[0], results[r])):
             for name in sorted(set(first) | set(other)):

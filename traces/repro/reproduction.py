@@ -55,6 +55,7 @@ class Reproduction:
             small = self.result.tape
             out.update(original=self.result.original.to_json(), shrunk=self.result.divergence.to_json(),
                        shrunk_events=len(small.steps), shrunk_rows=max(s.batch for s in small.steps),
+                       shrunk_layers=small.num_layers,
                        shrunk_dims={"H": small.dims.H, "K": small.dims.K, "V": small.dims.V, "T": small.dims.T},
                        checks=self.result.checks, history=self.result.history,
                        fresh_process_exit=self.recheck.returncode if self.recheck else None)

@@ -9,7 +9,9 @@ the caller regenerates them (``traces.repro.shrink``).
 Rows of a plan are positional: a plan or flush writes plan rows ``0..B-1`` and the defer and
 commit events after it read them by batch row. Such a run of events is one *row space*;
 removing batch row b removes it from every event of its space (and from the initial plan
-when the space starts before any plan). A verify is a row space of its own; a ``write`` has
+when the space starts before any plan). A trace of several layers (format v2) can lose a
+layer (``drop_layer``) and heads (``keep_heads``); the row, request and window cuts and
+``compact`` are for traces of one layer without conv state (format v1). A verify is a row space of its own; a ``write`` has
 no batch rows and belongs to none, and is cut like the buffers it writes.
 """
 
@@ -19,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from traces.format.schema import NULL_ID, PLAN_FIELDS
-from traces.format.tape import Step, Tape, rebased
+from traces.format.schema import LAYER_OPS, NULL_ID, PLAN_FIELDS, SHARED_BUFFERS
+from traces.format.tape import LayerTensors, Step, Tape, rebased
 
 _SLOT_INPUTS = ("state_indices", "block_table", "slots")
 _ROW_INPUTS = ("record_indices", "record_rows", "rows")
@@ -40,6 +42,23 @@ def cut_events(tape: Tape, start: int, stop: int, oracle, device: str = "cpu",
         raise ValueError(f"events {start}:{stop}: the trace has events 0..{n - 1}")
     out = rebased(tape, start, oracle, device, progress)
     return out.with_steps(out.steps[: stop - start], final=out.final if stop == n else {})
+
+
+def drop_layer(tape: Tape, layer: int) -> Tape:
+    """Without layer ``layer`` (of a tape of several): its buffers, parameters and per-layer
+    events; the layers after it move down one, ``commit_layers`` commits the others."""
+    if tape.num_layers < 2:
+        raise ValueError("a trace of one layer keeps it")
+    layers = [tape.layer(i) for i in range(tape.num_layers) if i != layer]
+    plan = {role: tape.initial[role] for role in SHARED_BUFFERS}
+    steps = []
+    for s in tape.steps:
+        at = s.attrs.get("layer", 0)
+        if s.op in LAYER_OPS and at == layer:
+            continue
+        attrs = {**s.attrs, "layer": at - 1} if s.op in LAYER_OPS and at > layer else dict(s.attrs)
+        steps.append(Step(s.op, s.inputs, {}, attrs))
+    return tape.with_layers([LayerTensors(x.params, x.initial) for x in layers], plan, steps=steps)
 
 
 def row_spaces(tape: Tape) -> list[list[int]]:
@@ -91,15 +110,19 @@ def drop_request(tape: Tape, slot: int) -> Tape:
 
 
 def keep_heads(tape: Tape, heads: list[int]) -> Tape:
-    """Only the given heads: parameters, buffers and activations cut along the head axis."""
+    """Only the given heads: every layer's parameters and buffers and the activations cut
+    along the head axis (a conv state has no head axis: it stays)."""
     K = tape.dims.K
     idx = torch.tensor(heads, dtype=torch.long)
     cols = (idx[:, None] * K + torch.arange(K)[None, :]).reshape(-1)
-    params = {"A_log": tape.params["A_log"][idx], "dt_bias": tape.params["dt_bias"][cols]}
-    initial = dict(tape.initial)
-    initial["checkpoint_state"] = initial["checkpoint_state"][:, idx]
-    for role in ("records.correction", "records.key_gate"):
-        initial[role] = initial[role][:, idx]
+
+    def cut(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> LayerTensors:
+        buffers = dict(buffers)
+        for role in ("checkpoint_state", "records.correction", "records.key_gate"):
+            buffers[role] = buffers[role][:, idx]
+        return LayerTensors({"A_log": params["A_log"][idx], "dt_bias": params["dt_bias"][cols]}, buffers)
+
+    layers = [cut(x.params, x.initial) for x in (tape.layer(i) for i in range(tape.num_layers))]
     steps = []
     for s in tape.steps:
         inputs = dict(s.inputs)
@@ -115,7 +138,8 @@ def keep_heads(tape: Tape, heads: list[int]) -> Tape:
             inputs["dt_bias"] = inputs["dt_bias"][cols]
         steps.append(Step(s.op, inputs, {}, dict(s.attrs)))
     dims = type(tape.dims)(len(heads), K, tape.dims.V, tape.dims.T)
-    return tape.with_steps(steps, dims=dims, params=params, initial=initial, final={})
+    plan = {role: tape.initial[role] for role in SHARED_BUFFERS}
+    return tape.with_layers(layers, plan, steps=steps, dims=dims)
 
 
 def shorten_windows(tape: Tape, T: int) -> Tape:
@@ -237,4 +261,4 @@ def _without_rows(s: Step, drop: set[int]) -> Step:
     return Step(s.op, inputs, {}, dict(s.attrs))
 
 
-__all__ = ["compact", "cut_events", "drop_request", "drop_rows", "keep_heads", "row_spaces", "shorten_windows"]
+__all__ = ["compact", "cut_events", "drop_layer", "drop_request", "drop_rows", "keep_heads", "row_spaces", "shorten_windows"]
