@@ -219,11 +219,12 @@ def test_an_engine_on_the_release_records_and_replays(release, mode, tmp_path, c
         assert code == 0, f"{impl}: {out}{err}"
 
 
-def test_a_context_subclass_that_corrupts_a_state_is_reported(release, tmp_path, capsys, monkeypatch):
+def test_a_context_subclass_that_corrupts_a_state_is_reported_and_shrunk(release, tmp_path, capsys, monkeypatch):
     """A subclass of the release's context whose commit corrupts layer 1's state at one slot
     (``tests/broken_impls/release_corrupts_state.py``), recorded as the engine's module: the
     replay through kda's kernels exits 1 naming the commit, layer 1, the slot the plan wrote and
-    the coordinate."""
+    the coordinate, and ``kda repro`` writes a bundle that fails the same way on a machine
+    without vLLM (the module's tree off ``PYTHONPATH``)."""
     root, _ = release_tree()
     path = tmp_path / "bug.safetensors"
     patch = "tests.broken_impls.release_corrupts_state"
@@ -236,6 +237,14 @@ def test_a_context_subclass_that_corrupts_a_state_is_reported(release, tmp_path,
     assert (bad["op"], bad["tensor"], bad["layer"]) == ("commit_layers", "states", 1), bad
     assert (bad["head"], bad["v"], bad["k"]) == (0, 1, 2), bad
     assert bad["slot"] > 0, bad
+    bundle = tmp_path / "bundle"
+    code, out, err = run_kda(["repro", str(path), "--out", str(bundle), "--impl", "triton"], capsys, monkeypatch)
+    assert code == 1, out + err
+    env = {k: v for k, v in release_env(root).items() if k != "PYTHONPATH"}  # a machine without vLLM
+    replay = subprocess.run(["sh", str(bundle / "repro.sh")], capture_output=True, text=True, env=env, timeout=600)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "op=commit_layers tensor=states layer=1" in replay.stdout and "head=0 v=1 k=2" in replay.stdout, \
+        replay.stdout
 
 
 def test_the_cute_backend_is_said_not_recorded(release, tmp_path, capsys):
