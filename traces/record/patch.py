@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.util
 import inspect
 import os
 import sys
@@ -46,7 +44,8 @@ from typing import Any
 import torch
 
 from traces.record.commit_context import CommitContextRecording
-from traces.record.program_call import ProgramCall
+from traces.record.import_hook import PatchFinder
+from traces.record.program_call import ProgramCall, kda_arguments
 from traces.record.recorder import PLAN_FIELDS, Recorder, RecordError, capturing, written_slots
 
 ENV_PATCH = "KDA_RECORD_PATCH"
@@ -162,7 +161,7 @@ class PatchRecorder(CommitContextRecording, Recorder):
         if capturing():
             self.skip("captured")
             return call()
-        bound = kda_arguments(name, call)
+        bound = kda_arguments(_SIGNATURES[name], call)
         if isinstance(bound, str):
             self._stop(f"{name}: {bound}")
             return call()
@@ -322,46 +321,6 @@ class PatchRecorder(CommitContextRecording, Recorder):
 _SIGNATURES = {name: inspect.signature(getattr(Recorder, name)) for name in FUNCTIONS}
 
 
-def kda_arguments(name: str, call: ProgramCall) -> dict[str, Any] | str:
-    """``call``'s arguments by the names of kda's ``name`` (``Recorder``'s signature), read
-    through the called function's own signature (a module's function may take a subset of
-    kda's parameters, in its own order); or why they cannot be: a parameter kda lacks given a
-    value other than its default, or one kda requires that the function does not take. When
-    the call does not bind to its function, kda's signature reads it (the call itself will
-    then raise as it would unrecorded)."""
-    kda = dict(_SIGNATURES[name].parameters)
-    del kda["self"]
-    try:
-        own = inspect.signature(call.function)
-        bound = own.bind(*call.args, **call.kwargs)
-    except (TypeError, ValueError):
-        try:
-            bound = _SIGNATURES[name].bind(None, *call.args, **call.kwargs)
-        except TypeError as exc:
-            return f"its arguments cannot be read by kda's names ({exc})"
-        return {param: value for param, value in bound.arguments.items() if param != "self"}
-    out: dict[str, Any] = {}
-    for param, value in bound.arguments.items():
-        spec = own.parameters[param]
-        if spec.kind is inspect.Parameter.VAR_KEYWORD:
-            items = value.items()
-        elif spec.kind is inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                return f"its *{param} arguments cannot be read by kda's names"
-            continue
-        else:
-            items = [(param, value)]
-        for key, item in items:
-            if key in kda:
-                out[key] = item
-            elif not (spec.kind is not inspect.Parameter.VAR_KEYWORD and item is spec.default):
-                return f"its parameter {key} is not one of kda's, so the call cannot be recorded"
-    lacking = [p for p, spec in kda.items() if spec.default is inspect.Parameter.empty and p not in out]
-    if lacking:
-        return f"it takes no {', '.join(lacking)}, so the call cannot be recorded"
-    return out
-
-
 class RecordedKernel:
     """A raw kernel whose ``kernel[grid](...)`` launches are recorded; anything else is the
     kernel's own."""
@@ -430,44 +389,9 @@ def patch_context_class(cls: type, recorder: PatchRecorder) -> list[str]:
     return replaced
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader, recorder: PatchRecorder):
-        self.loader, self.recorder = loader, recorder
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        patch_module(module, self.recorder)
-
-    def __getattr__(self, name: str):
-        return getattr(self.loader, name)
-
-
-class PatchFinder(importlib.abc.MetaPathFinder):
-    """Finds the named modules through the other finders and patches them once they ran."""
-
-    def __init__(self, names: list[str], recorder: PatchRecorder):
-        self.names, self.recorder, self._finding = set(names), recorder, False
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.names or self._finding:
-            return None
-        self._finding = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._finding = False
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader, self.recorder)
-        return spec
-
-
 def install(recorder: PatchRecorder, names: list[str]) -> PatchFinder:
     """Patch ``names`` now where imported, and on import from now on."""
-    finder = PatchFinder(names, recorder)
+    finder = PatchFinder(names, functools.partial(patch_module, recorder=recorder))
     sys.meta_path.insert(0, finder)
     for name in names:
         if name in sys.modules:

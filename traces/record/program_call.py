@@ -1,7 +1,11 @@
 """A call exactly as the recorded program made it: what a patched function, kernel launch or
-commit context runs, so that recording never changes what the program passes or gets back."""
+commit context runs, so that recording never changes what the program passes or gets back,
+and its arguments read by kda's names."""
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 
 class ProgramCall:
@@ -25,4 +29,44 @@ class ProgramCall:
         return self.result
 
 
-__all__ = ["ProgramCall"]
+def kda_arguments(signature: inspect.Signature, call: ProgramCall) -> dict[str, Any] | str:
+    """``call``'s arguments by the names of kda's ``signature`` (a ``Recorder`` method's), read
+    through the called function's own signature (a module's function may take a subset of
+    kda's parameters, in its own order); or why they cannot be: a parameter kda lacks given a
+    value other than its default, or one kda requires that the function does not take. When
+    the call does not bind to its function, kda's signature reads it (the call itself will
+    then raise as it would unrecorded)."""
+    kda = dict(signature.parameters)
+    del kda["self"]
+    try:
+        own = inspect.signature(call.function)
+        bound = own.bind(*call.args, **call.kwargs)
+    except (TypeError, ValueError):
+        try:
+            bound = signature.bind(None, *call.args, **call.kwargs)
+        except TypeError as exc:
+            return f"its arguments cannot be read by kda's names ({exc})"
+        return {param: value for param, value in bound.arguments.items() if param != "self"}
+    out: dict[str, Any] = {}
+    for param, value in bound.arguments.items():
+        spec = own.parameters[param]
+        if spec.kind is inspect.Parameter.VAR_KEYWORD:
+            items = value.items()
+        elif spec.kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return f"its *{param} arguments cannot be read by kda's names"
+            continue
+        else:
+            items = [(param, value)]
+        for key, item in items:
+            if key in kda:
+                out[key] = item
+            elif not (spec.kind is not inspect.Parameter.VAR_KEYWORD and item is spec.default):
+                return f"its parameter {key} is not one of kda's, so the call cannot be recorded"
+    lacking = [p for p, spec in kda.items() if spec.default is inspect.Parameter.empty and p not in out]
+    if lacking:
+        return f"it takes no {', '.join(lacking)}, so the call cannot be recorded"
+    return out
+
+
+__all__ = ["ProgramCall", "kda_arguments"]
