@@ -271,7 +271,7 @@ class Player:
     """Runs a tape's steps through ``api`` on ``layers`` (one ``Buffers`` a layer, sharing
     one plan): a per-layer op on the layer its attr ``layer`` names, a ``commit_layers``
     through the commit context of its records and rule (opened over every layer when first
-    needed, ``traces.replay.commit_context.open_commit_context``)."""
+    needed, ``traces.format.commit_context.open_commit_context``)."""
 
     def __init__(self, tape: Tape, api, layers: list[Buffers], device: str):
         self.tape, self.api, self.layers, self.device = tape, api, layers, device
@@ -283,7 +283,7 @@ class Player:
         if step.op != "commit_layers":
             return event_call(self.api, step.op, x, step.attrs, self.layers[step.attrs.get("layer", 0)],
                               self.tape.dims.T, self.tape.lower_bound)()
-        from traces.replay.commit_context import commit_call, event_context_key, open_commit_context
+        from traces.format.commit_context import commit_call, event_context_key, open_commit_context
 
         key = event_context_key(step.attrs)
         if key not in self.contexts:

@@ -6,7 +6,7 @@ A serving engine's RecoverSSM module exposes ``kda_recoverssm_verify``,
 module into the five-function API: verify, defer and the flush plan run through the module's
 own function and kernels, launched as documented (grid ``(B,)``, positional arguments); the
 stock plan, the commit and the commit half of a flush run through kda's Triton kernels. A
-module's own ``KDARecoverSSMCommitContext`` is kept (``traces.replay.commit_context`` runs
+module's own ``KDARecoverSSMCommitContext`` is kept (``traces.format.commit_context`` runs
 a trace's commit of every layer through it). ``routes`` says which op ran where.
 """
 

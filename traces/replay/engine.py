@@ -7,7 +7,7 @@ compared with the event's expected tensors; after the last, the final buffers.
 
 A trace of several layers (format v2) runs each layer's ops on that layer's buffers and
 its ``commit_layers`` events through a commit context of every layer
-(``traces.replay.commit_context``); coordinates then name the layer, and ``layers``
+(``traces.format.commit_context``); coordinates then name the layer, and ``layers``
 restricts the comparisons (not the run) to some of them.
 """
 
@@ -25,7 +25,7 @@ from traces.format.io import Trace
 from traces.format.schema import LAYER_OPS, PLAN_FIELDS, SHARED_BUFFERS, Event, TraceError
 from traces.impl.surface import op_routes
 from traces.format.tape import event_call, trace_layer_buffers
-from traces.replay.commit_context import commit_call, commit_context_type, event_context_key, open_commit_context
+from traces.format.commit_context import commit_call, commit_context_type, event_context_key, open_commit_context
 
 EXACT_ROLES = ("records.key_gate",)
 """Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""

@@ -1,4 +1,5 @@
-"""The engine's commit of every layer in a replay (``commit_layers`` events, docs/design.md §10).
+"""The engine's commit of every layer where a trace is played (``commit_layers`` events,
+docs/design.md §10): in a replay, a slice or a repro's tape.
 
 ``open_commit_context`` is the one place a replay builds the commit context it runs those
 events through: ``kernels.reference_context.ReferenceCommitContext`` for ``--impl
@@ -11,10 +12,12 @@ buffer, so that the plan a ``commit_layers`` event leaves is the trace's like an
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traces.format.schema import ConvSpec
-from traces.format.tape import Buffers
+
+if TYPE_CHECKING:
+    from traces.format.tape import Buffers
 
 
 def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
