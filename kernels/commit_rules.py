@@ -39,7 +39,13 @@ def apply_rule(rule: str, rows: CommitPlan, folds: CommitPlan, requests, num_com
     next_boundary = (computed // block_size + 1) * block_size
     commits = rows.commit_lens > 0
     rows.boundary_recovery_lens.copy_(torch.where(commits, next_boundary - computed, 0))
-    out = folds.rows(B)
+    return release_folds(rows, folds)
+
+
+def release_folds(rows: CommitPlan, folds: CommitPlan) -> CommitPlan:
+    """The plan the release's commit folds for its stored plan ``rows`` (``B`` rows): ``rows``
+    with no fold where the final slot is null, in the first ``B`` rows of ``folds``."""
+    out = folds.rows(rows.commit_lens.shape[0])
     out.commit_lens.copy_(torch.where(rows.final_state_indices > NULL_BLOCK_ID, rows.commit_lens, 0))
     for column in ("final_state_indices", "boundary_state_indices", "boundary_recovery_lens"):
         getattr(out, column).copy_(getattr(rows, column))

@@ -171,7 +171,6 @@ class ReleaseContext:
                              [getattr(self.context, c)[:B] for c in PLAN_COLUMNS])  # one launch
 
 
-
 @contextmanager
 def interpreter_state_commit(context, state_indices):
     """Under the Triton interpreter, which cannot run the release's state commit (it reads its
@@ -199,15 +198,13 @@ class _KdaStateCommit:
         return lambda *args, **kwargs: self.run()
 
     def run(self) -> None:
-        import torch
-
         from kernels import kda_recoverssm_commit
-        from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
+        from kernels.buffers import CommitPlan, KDARecoverSSMRecords
+        from kernels.commit_rules import release_folds
 
         ctx, B = self.context, self.state_indices.shape[0]
-        final = ctx.final_state_indices[:B]
-        plan = CommitPlan(torch.where(final > NULL_BLOCK_ID, ctx.commit_lens[:B], 0).to(torch.int32), final.clone(),
-                          ctx.boundary_state_indices[:B].clone(), ctx.boundary_recovery_lens[:B].clone())
+        stored = CommitPlan(*(getattr(ctx, column)[:B] for column in PLAN_COLUMNS))
+        plan = release_folds(stored, CommitPlan.allocate(B, ctx.commit_lens.device))
         for layer, state in enumerate(ctx.checkpoints):
             records = KDARecoverSSMRecords(ctx.correction_caches[layer], ctx.kg_caches[layer])
             kda_recoverssm_commit(state, records, ctx.A_log[layer], ctx.dt_bias[layer].reshape(-1), ctx.lower_bound,
