@@ -60,7 +60,7 @@ def test_a_slice_folds_each_commit_through_the_reference_context_of_its_records(
     player = Player(tape, kernels.reference, initial_layer_buffers(tape, kernels.reference, "cpu"), "cpu")
     for step in tape.steps[:7]:
         player(step)
-    (key, context), = player.contexts.items()
+    (key, context), = player.commits.opened.items()
     assert key == ("batch_row", "kda") and type(context) is ReferenceCommitContext and context.records == "batch_row"
 
     out = tmp_path / "cut.safetensors"

@@ -70,14 +70,24 @@ def context_options(context_type, records: str, rule: str) -> dict[str, str]:
     return options
 
 
-def event_context_key(attrs: dict) -> tuple[str, str]:
-    """A ``commit_layers`` event's ``(records, rule)``, kda's where absent."""
-    return attrs.get("records", "slot"), attrs.get("rule", "kda")
+class CommitContexts:
+    """The commit contexts a played trace runs its ``commit_layers`` events through, over
+    ``layers``: one for each ``(records, rule)`` the events name (kda's where absent), opened
+    (``open_commit_context``) when first needed."""
 
+    def __init__(self, impl, layers: list[Buffers], conv: ConvSpec, spec_query_len: int, lower_bound: float | None):
+        self.impl, self.layers, self.conv = impl, layers, conv
+        self.spec_query_len, self.lower_bound = spec_query_len, lower_bound
+        self.opened: dict[tuple[str, str], Any] = {}
 
-def commit_call(context, x: dict, attrs: dict):
-    """A ``commit_layers`` event's call of ``context.commit`` (``x``: its inputs by role on the
-    device), ready to run."""
-    return lambda: context.commit(x["num_accepted"], x["state_indices"], x["query_start_loc"],
-                                  x.get("request_indices"), x.get("block_table"), x.get("num_computed"),
-                                  attrs.get("block_size"))
+    def call(self, x: dict, attrs: dict):
+        """A ``commit_layers`` event's call of its context's ``commit`` (``x``: its inputs by
+        role on the device), ready to run."""
+        key = attrs.get("records", "slot"), attrs.get("rule", "kda")
+        if key not in self.opened:
+            self.opened[key] = open_commit_context(self.impl, self.layers, self.conv, self.spec_query_len,
+                                                   self.lower_bound, *key)
+        context = self.opened[key]
+        return lambda: context.commit(x["num_accepted"], x["state_indices"], x["query_start_loc"],
+                                      x.get("request_indices"), x.get("block_table"), x.get("num_computed"),
+                                      attrs.get("block_size"))

@@ -271,11 +271,13 @@ class Player:
     """Runs a tape's steps through ``api`` on ``layers`` (one ``Buffers`` a layer, sharing
     one plan): a per-layer op on the layer its attr ``layer`` names, a ``commit_layers``
     through the commit context of its records and rule (opened over every layer when first
-    needed, ``traces.format.commit_context.open_commit_context``)."""
+    needed, ``traces.format.commit_context.CommitContexts``)."""
 
     def __init__(self, tape: Tape, api, layers: list[Buffers], device: str):
+        from traces.format.commit_context import CommitContexts
+
         self.tape, self.api, self.layers, self.device = tape, api, layers, device
-        self.contexts: dict[tuple[str, str], Any] = {}
+        self.commits = CommitContexts(api, layers, tape.conv, tape.dims.T, tape.lower_bound)
 
     def __call__(self, step: Step):
         """Run ``step``; return what the op returns."""
@@ -283,13 +285,7 @@ class Player:
         if step.op != "commit_layers":
             return event_call(self.api, step.op, x, step.attrs, self.layers[step.attrs.get("layer", 0)],
                               self.tape.dims.T, self.tape.lower_bound)()
-        from traces.format.commit_context import commit_call, event_context_key, open_commit_context
-
-        key = event_context_key(step.attrs)
-        if key not in self.contexts:
-            self.contexts[key] = open_commit_context(self.api, self.layers, self.tape.conv, self.tape.dims.T,
-                                                     self.tape.lower_bound, *key)
-        return commit_call(self.contexts[key], x, step.attrs)()
+        return self.commits.call(x, step.attrs)()
 
 
 def call(api, step: Step, bufs: Buffers, tape: Tape, device: str):

@@ -25,7 +25,7 @@ from traces.format.io import Trace
 from traces.format.schema import LAYER_OPS, PLAN_FIELDS, SHARED_BUFFERS, Event, TraceError
 from traces.impl.surface import op_routes
 from traces.format.tape import event_call, trace_layer_buffers
-from traces.format.commit_context import commit_call, commit_context_type, event_context_key, open_commit_context
+from traces.format.commit_context import CommitContexts, commit_context_type
 
 EXACT_ROLES = ("records.key_gate",)
 """Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""
@@ -191,7 +191,7 @@ class _Buffers:
         self.layers = trace_layer_buffers(trace, impl, device)
         self.compared_layers = compared_layers
         self.named_layers = m.version != 1  # coordinates name the layer
-        self.contexts: dict[tuple[str, str], Any] = {}  # a commit context by (records, rule)
+        self.commits = CommitContexts(impl, self.layers, m.conv, self.T, self.lower_bound)
 
     def compared(self, event: Event) -> bool:
         """Whether ``event``'s results are compared: any but a per-layer event of a layer
@@ -202,11 +202,7 @@ class _Buffers:
         """Run one event on the buffers; return its GPU time in seconds when ``timed``."""
         x = {role: t.to(self.device) for role, t in self.trace.tensors(event.inputs).items()}
         if event.op == "commit_layers":
-            key = event_context_key(event.attrs)
-            if key not in self.contexts:
-                self.contexts[key] = open_commit_context(self.impl, self.layers, self.trace.manifest.conv, self.T,
-                                                         self.lower_bound, *key)
-            call = commit_call(self.contexts[key], x, event.attrs)
+            call = self.commits.call(x, event.attrs)
         else:
             if event.op == "verify":
                 self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
