@@ -79,6 +79,9 @@ def select_device() -> str:
                                "was enabled; set TRITON_INTERPRET=1", EXIT_RUNTIME)
         os.environ["TRITON_INTERPRET"] = "1"
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+        from kernels.interpreter import skip_repatching_in_helper_calls
+
+        skip_repatching_in_helper_calls()
         device = "cpu"
     _check_forced_designs()
     return device

@@ -19,12 +19,7 @@ Beyond that API (``kernels`` only, docs/design.md §10)::
     KDARecoverSSMCommitContext
                             the engine's commit of every layer: plan, conv state, state
                             (float64 reference: ``kernels.reference_context``)
-
-Under the Triton interpreter (``TRITON_INTERPRET=1`` when this package is imported), the
-interpreter's helper calls skip re-patching ``triton.language`` (``kernels.interpreter``).
 """
-
-import os
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords, allocate_records
 from kernels.commit import kda_recoverssm_commit
@@ -38,11 +33,7 @@ from kernels.plan import (
     kda_recoverssm_plan,
     kda_recoverssm_plan_deferred,
 )
-from kernels.interpreter import skip_repatching_in_helper_calls
 from kernels.verify import kda_recoverssm_flush_verify, kda_recoverssm_verify
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    skip_repatching_in_helper_calls()
 
 __all__ = [
     "NULL_BLOCK_ID", "CommitPlan", "KDARecoverSSMRecords", "allocate_records",

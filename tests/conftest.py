@@ -18,6 +18,9 @@ from tests import seeds
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
+    from kernels.interpreter import skip_repatching_in_helper_calls
+
+    skip_repatching_in_helper_calls()
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 

@@ -37,7 +37,7 @@ def _patching_calls(monkeypatch) -> list[str]:
 
 
 def test_helper_calls_without_repatching_give_the_same_bits_and_patch_once_a_launch(monkeypatch):
-    assert skip_repatching_in_helper_calls()  # installed by `import kernels` under triton 3.6; idempotent
+    assert skip_repatching_in_helper_calls()  # installed by conftest under triton 3.6; idempotent
     problem = make_problem("cpu", H=2, K=16, V=16, T=3, act=torch.bfloat16, state_dtype=torch.float32,
                            lower_bound=-5.0, seed=fresh_seed())
     with monkeypatch.context() as m:

@@ -202,6 +202,9 @@ def prepare_process(device: str) -> None:
 
         torch.set_num_threads(1)
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+        from kernels.interpreter import skip_repatching_in_helper_calls
+
+        skip_repatching_in_helper_calls()
 
 
 __all__ = ["CorpusError", "CorpusRun", "FAILED", "MAX_FAILING", "OUTCOME_CODES", "ReplaySettings", "TraceResult",
