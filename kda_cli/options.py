@@ -8,7 +8,7 @@ import math
 
 import os
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from kda_cli.runtime import EXIT_BAD_INPUT, CommandError
 
@@ -106,6 +106,27 @@ def parse_ints(option: str, text: Optional[str], minimum: int = 1) -> tuple[int,
 def parse_names(values: Iterable[str]) -> tuple[str, ...]:
     """Repeated and comma-separated names, in order, blanks dropped."""
     return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def parse_designs(option: str, text: Optional[str], designs: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """``OP=DESIGN[,OP=DESIGN...]`` -> op -> design, each op and design one of ``designs``
+    (``kernels.launch.DESIGNS``), each op named once; ``{}`` when the option was not given."""
+    if text is None:
+        return {}
+    forced: dict[str, str] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        op, sep, design = (side.strip() for side in entry.partition("="))
+        if not sep or not op or not design:
+            raise CommandError(f"{option} {text}: expected OP=DESIGN[,OP=DESIGN...], got {entry!r}", EXIT_BAD_INPUT)
+        if op not in designs:
+            raise CommandError(f"{option} {text}: unknown op {op!r} (ops: {', '.join(designs)})", EXIT_BAD_INPUT)
+        if design not in designs[op]:
+            raise CommandError(f"{option} {text}: unknown {op} design {design!r} (designs: "
+                               f"{', '.join(designs[op])})", EXIT_BAD_INPUT)
+        if op in forced:
+            raise CommandError(f"{option} {text}: {op} given twice", EXIT_BAD_INPUT)
+        forced[op] = design
+    return forced
 
 
 def choice(option: str, value: str, allowed: Iterable[str]) -> str:

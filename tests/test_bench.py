@@ -148,6 +148,59 @@ def test_a_documented_surface_module_benches_and_the_run_says_what_ran_where(dev
            "(_prepare_flush_plan_kernel); triton: plan, commit, flush (commit)\n" in result.stdout
 
 
+DESIGN_SPY = """import os
+import kernels
+from kernels import KDARecoverSSMRecords, _defer_commit_kernel, _prepare_flush_plan_kernel
+
+SEEN = os.path.join(os.path.dirname(__file__), "seen.txt")
+
+
+def kda_recoverssm_verify(*args, **kwargs):
+    with open(SEEN, "a") as f:
+        f.write(os.environ.get("KDA_DESIGN", "") + "\\n")
+    return kernels.kda_recoverssm_verify(*args, **kwargs)
+"""
+
+
+def test_design_forces_the_timed_calls_and_the_run_records_it(tmp_path):
+    """``--design`` sets ``KDA_DESIGN`` for the timed calls (over what the environment forces);
+    the printed and the saved run name every design forced, a run without it none."""
+    spy = tmp_path / "spy.py"
+    spy.write_text(DESIGN_SPY)
+    saved = tmp_path / "run.json"
+    result = kda("bench", "--interpreter-smoke", "--batch", "1", "--ops", "verify", "--impl", str(spy),
+                 "--design", "verify=two-kernels", "--format", "json", "--save", str(saved),
+                 KDA_DESIGN="commit=fold-in-tile")
+    assert result.returncode == 0, result.stderr
+    forced = {"commit": "fold-in-tile", "verify": "two-kernels"}
+    assert json.loads(result.stdout)["workload"]["designs"] == forced
+    assert bench.load_run(str(saved)).workload["designs"] == forced
+    seen = (tmp_path / "seen.txt").read_text().splitlines()
+    assert len(seen) >= 2 and set(seen) == {"commit=fold-in-tile,verify=two-kernels"}
+    plain = kda("bench", "--interpreter-smoke", "--batch", "1", "--ops", "verify", "--impl", str(spy))
+    assert plain.returncode == 0, plain.stderr
+    assert "designs forced: none (the decision table chooses)\n" in plain.stdout
+    assert set((tmp_path / "seen.txt").read_text().splitlines()[len(seen):]) == {""}
+
+
+@pytest.mark.parametrize("value, message", [
+    ("fold=token-loop", "--design fold=token-loop: unknown op 'fold' (ops: verify, flush-verify, commit,"),
+    ("verify=two-kernels,commit=fastest", "--design verify=two-kernels,commit=fastest: unknown commit design "
+                                          "'fastest' (designs: token-loop, fold-in-tile,"),
+    ("verify", "--design verify: expected OP=DESIGN[,OP=DESIGN...], got 'verify'"),
+    ("verify=one-pass,verify=two-kernels", "--design verify=one-pass,verify=two-kernels: verify given twice"),
+])
+def test_a_bad_design_is_one_error_line_and_exit_2(tmp_path, value, message):
+    saved = tmp_path / "run.json"
+    result = kda("bench", "--interpreter-smoke", "--batch", "1", "--ops", "verify", "--design", value,
+                 "--save", str(saved))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: " + message), lines
+    assert not saved.exists()
+
+
 def _synthetic(path: Path, medians: dict) -> str:
     rows = [bench.Row("triton", name, batch, 8, "graph", 3, 0 if us is None else 50, us, us, us, 1000, 8)
             for (name, batch), us in medians.items()]

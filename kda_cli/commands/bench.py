@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from kda_cli.options import check_format, force_option, output_file, parse_ints, parse_names
+from kda_cli.options import check_format, force_option, output_file, parse_designs, parse_ints, parse_names
 from kda_cli.output import emit, implementation_prints, make_console, note, plural, routes_text
 from kda_cli.runtime import EXIT_BAD_INPUT, EXIT_RUNTIME, CommandError, bad_input
 
@@ -43,6 +43,9 @@ def _render_human(run, ratios: dict, comparison) -> None:
         console.print(f"copy ceiling: {c['gbps']:.0f} GB/s (device-to-device copy, {c['bytes'] / 2**30:.1f} GiB "
                       f"read+written, median of {c['count']})")
     impls = w["impls"]
+    designs = w.get("designs", {})  # runs saved before --design record none
+    console.print(escape("designs forced: " + (", ".join(f"{op}={d}" for op, d in designs.items()) if designs
+                                               else "none (the decision table chooses)")))
     for impl, routes in w.get("routes", {}).items():  # runs saved before routes were recorded have none
         console.print(escape(f"{impl}: ops through {routes_text(routes)}"))
     real = not run.label
@@ -127,13 +130,16 @@ def bench(
                                                    "(add commit-layers to --ops for its one commit of all layers, "
                                                    "commit-context for its whole commit through each --impl's "
                                                    "commit context)"),
+    design: Optional[str] = typer.Option(None, "--design", metavar="OP=DESIGN[,OP=DESIGN...]",
+                                         help="force these designs (kernels.launch.DESIGNS) for the timed calls, "
+                                              "as KDA_DESIGN does; the run records them"),
     interpreter_smoke: bool = typer.Option(False, "--interpreter-smoke",
                                            help="CPU smoke run through the Triton interpreter; its times are not measurements"),
     force: bool = force_option("the --save and --plot files"),
 ) -> None:
     """Time verify, plan, defer, commit, flush, flush-verify and whole decode steps on a CUDA GPU.
 
-    Each sample replays one CUDA graph over enough disjoint state slots that state comes from DRAM, with consumed state restored and L2 flushed between samples; rows report median, p10/p90 and count, contract bytes per call, GB/s and the fraction of a copy ceiling measured in the same run. With --trace, each recorded event is timed from the buffers just before it. Ctrl-C or SIGTERM stops the run: the rows finished are saved and printed, and it exits 3.
+    Each sample replays one CUDA graph over enough disjoint state slots that state comes from DRAM, with consumed state restored and L2 flushed between samples; rows report median, p10/p90 and count, contract bytes per call, GB/s and the fraction of a copy ceiling measured in the same run. With --trace, each recorded event is timed from the buffers just before it. With --design, the timed calls run the designs named (as KDA_DESIGN forces them) and the run records them. Ctrl-C or SIGTERM stops the run: the rows finished are saved and printed, and it exits 3.
     """
     check_format(format)
     if trace is not None:
@@ -180,13 +186,19 @@ def bench(
         from kda_cli.runtime import select_device
 
         device = select_device()
-        _progress(engine.SMOKE_LABEL)
     else:
         from kda_cli.runtime import cuda_available
 
         if not cuda_available():
             raise CommandError(NO_GPU, EXIT_RUNTIME)
         device = "cuda"
+    if design is not None:
+        from kernels.launch import DESIGNS  # after the device: the kernels are defined for it
+
+        config.designs = parse_designs("--design", design, DESIGNS)
+
+    if interpreter_smoke:
+        _progress(engine.SMOKE_LABEL)
 
     # Ctrl-C and SIGTERM stop the engine, which keeps the rows finished
     with bad_input(), implementation_prints(format):

@@ -8,6 +8,7 @@ One job per module:
 - ``timers``: CUDA-event and wall-clock timers, the copy ceiling, the per-row sampling loop;
 - ``capture``: CUDA graph capture, with Ctrl-C and SIGTERM held while a capture runs;
 - ``runner``: what both runners share (implementations, timer, ceiling, timing record);
+- ``designs``: the designs a run forces (``KDA_DESIGN`` while it times, recorded with it);
 - ``sweep``: the preset sweep (``run_bench``);
 - ``trace_events``: each event of a recorded trace timed (``run_trace_bench``);
 - ``results``: rows and runs, ratios, save, load, compare, plot.
@@ -21,6 +22,7 @@ from importlib import import_module
 _PUBLIC = {
     "capture": ("SyncError", "interrupts_held", "warm_and_capture"),
     "config": ("ACCEPT_MODES", "DEFAULT_TOUCH_BYTES", "MODES", "OPS", "PRESETS", "BenchConfig", "Preset"),
+    "designs": ("forced_designs", "under_forced_designs"),
     "contract_bytes": ("STEPS", "Shape", "commit_bytes", "defer_bytes", "event_bytes", "flush_bytes",
                        "flush_verify_bytes", "op_bytes", "plan_bytes", "verify_bytes"),
     "results": ("SCHEMA", "SMOKE_LABEL", "BenchRun", "Comparison", "Row", "compare_runs", "impl_ratios", "load_run",

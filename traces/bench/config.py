@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from traces.format.dtype_names import dtype_name, spelled
 
@@ -45,7 +45,9 @@ PRESETS = {
 class BenchConfig:
     """What to run. ``impls`` are specs for ``traces.impl.loader.load_impl``; ``touch_bytes`` is
     the state read per sample (sets ``n_sets``); ``row_seconds`` caps each row's samples;
-    ``layers``: KDA layers of a model, every row timing one model's calls (``workload``)."""
+    ``layers``: KDA layers of a model, every row timing one model's calls (``workload``);
+    ``designs``: op -> design forced for the timed calls (``designs``; names of
+    ``kernels.launch.DESIGNS``, which the command line checks)."""
 
     preset: str = "k3-tp8"
     batches: tuple[int, ...] = ()
@@ -62,6 +64,7 @@ class BenchConfig:
     seed: int = 0
     smoke: bool = False
     layers: int = 1
+    designs: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:

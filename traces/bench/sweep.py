@@ -15,6 +15,7 @@ import torch
 from traces.bench import timers
 from traces.bench.config import PRESETS, BenchConfig
 from traces.bench.contract_bytes import Shape, model_folded_tokens, model_op_bytes
+from traces.bench.designs import under_forced_designs
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
 from traces.bench.workload import STATE_DTYPES, Workload, accepted_counts, choose_sets, set_bytes
@@ -23,6 +24,7 @@ SMOKE_SETS = 2
 """Sets per row in a smoke run: the fewest that still run each op over disjoint sets."""
 
 
+@under_forced_designs
 def run_bench(config: BenchConfig, device: str, progress: Callable[[str], None] = lambda _: None) -> BenchRun:
     """Time every (T, B, implementation, op) of ``config`` on ``device``.
 

@@ -17,6 +17,7 @@ import torch
 from traces.bench import timers
 from traces.bench.config import BenchConfig
 from traces.bench.contract_bytes import Shape, event_bytes
+from traces.bench.designs import under_forced_designs
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
 from traces.format.schema import PLAN_FIELDS
@@ -45,6 +46,7 @@ class TraceState:
         return event_call(self.impl, op, x, attrs, self.bufs, self.T, self.lower_bound, out=out)
 
 
+@under_forced_designs
 def run_trace_bench(trace, config: BenchConfig, device: str,
                     progress: Callable[[str], None] = lambda _: None) -> BenchRun:
     """Time each event of an opened trace (``traces.format.io.read_trace``) through each implementation.
