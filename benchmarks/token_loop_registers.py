@@ -11,7 +11,7 @@ cuobjdump that ship with Triton, and prints the registers per thread, the bytes 
 memory (spills) and the SASS instruction count; ``--sass`` also prints the SASS. ``--set``
 turns a mode on or off: ``HAS_RECORD_INDICES``, ``WINDOW_AT_ONCE``, ``FLUSH``,
 ``CONSUME_PENDING`` (verify), ``PENDING`` (commit). A budget's effect on the schedule
-(``benchmarks/NOTES.md``) shows here before a GPU run.
+(``docs/experiments.md`` §2) shows here before a GPU run.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def _commit_token_loop_kernel(
 
     ``null_slot`` is ``NULL_SLOT`` passed at run time: as a constant, the compiler folds the
     row's checks together and ptxas schedules the tile's loads later, which measured slower at
-    T=4 (``benchmarks/NOTES.md`` §5).
+    T=4 (``docs/experiments.md`` §1).
 
     With ``PENDING`` the plan is not read: each row folds its pending count (``pending``
     at its record row, as a flush plans it) into its own slot in place, and neither consumes

@@ -3,7 +3,7 @@
 The whole choice is the decision table of this module (``_VERIFY_RULES``, ``_FLUSH_VERIFY_RULES``,
 ``_COMMIT_RULES``: the first rule that holds picks the design), then one function per op for
 the tiles of the chosen design. Every number carries one line saying why; the measurements
-behind them are in ``benchmarks/NOTES.md``, the map in prose in docs/design.md §9. Shapes
+behind them are in ``docs/experiments.md``, the map in prose in docs/design.md §9. Shapes
 only, never values: a choice never needs a host synchronisation.
 
 ``KDA_DESIGN`` forces designs: ``KDA_DESIGN=verify=one-pass,commit=fold-in-tile`` (ops and
@@ -334,7 +334,7 @@ _LAYERS_ROWS = 8
 _LAYERS_REGISTERS = 120
 """``one-launch``'s tiles: 8 state rows a one-warp program, 120 registers (no spill at T=4 or
 8), so 17 programs an SM where the token loop's 16-row tiles at 255 registers keep 8
-(benchmarks/NOTES.md §7 rows 44 and 48: 1.10-1.17x at L=24, B=1-8 on an H100)."""
+(docs/experiments.md §3 rows 44 and 48: 1.10-1.17x at L=24, B=1-8 on an H100)."""
 
 
 def commit_layers_config(batch: int, heads: int, head_k_dim: int, head_v_dim: int, spec_query_len: int,

@@ -3,10 +3,11 @@ overridden, for side-by-side timing: ``kda bench --impl triton,benchmarks/varian
 
 ``wrap_api(namespace, patch)`` fills ``namespace`` (a variant file's globals) with the kernel
 API and the commit context, each function (and ``commit``) running inside ``patch()``, a
-context manager that sets and restores what it overrides: the public switches (``environment``:
-``KDA_DESIGN`` forces a design, ``KDA_DEPENDENT_LAUNCH=0`` plain stream order) or, for a choice
-that no switch reaches, names in a module (``attributes``). Import it with the repository root
-on ``sys.path`` (``PYTHONPATH=.``).
+context manager that sets and restores what it overrides: a switch of the environment
+(``environment``: ``KDA_DEPENDENT_LAUNCH=0``, plain stream order) or, for a choice that no
+switch reaches, names in a module (``attributes``). A design of ``kernels.launch.DESIGNS``
+needs no variant: ``kda bench --design OP=DESIGN`` forces it for a run. Import it with the
+repository root on ``sys.path`` (``PYTHONPATH=.``).
 """
 
 from __future__ import annotations
