@@ -182,16 +182,11 @@ def bench(
     if trace is not None and not Path(trace).is_file():
         what = "is a folder, not a trace file" if Path(trace).is_dir() else "no such file"
         raise CommandError(f"--trace {trace}: {what}", EXIT_BAD_INPUT)
-    if interpreter_smoke:
-        from kda_cli.runtime import select_device
+    from kda_cli.runtime import cuda_available, select_device
 
-        device = select_device()
-    else:
-        from kda_cli.runtime import cuda_available
-
-        if not cuda_available():
-            raise CommandError(NO_GPU, EXIT_RUNTIME)
-        device = "cuda"
+    if not interpreter_smoke and not cuda_available():
+        raise CommandError(NO_GPU, EXIT_RUNTIME)
+    device = select_device()  # a smoke run without a GPU: the interpreter's; a bad KDA_DESIGN is bad input
     if design is not None:
         from kernels.launch import DESIGNS  # after the device: the kernels are defined for it
 
