@@ -44,11 +44,11 @@
 # Each run writes to $OUT/DATE-SUITE-DEVICE/ (OUT defaults to benchmarks/results) beside its
 # manifest.json: the commit (COMMIT, else git's HEAD), the device, the command, each step's
 # exit status and the files.
-# Runs from a plain checkout (PYTHONPATH=.). Exit status: non-zero if a step failed or ran out
-# of its time.
+# Runs from a plain checkout: PYTHONPATH is the repository root, absolute (a bundle's repro.sh
+# runs in another folder). Exit status: non-zero if a step failed or ran out of its time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=. NO_COLOR=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD" NO_COLOR=1 PYTHONUNBUFFERED=1
 SUITES=" tests check check-bench final full acceptance commit-context layers designs commit-variant release-tests release-bench "
 SUITE="${1:?name a suite (benchmarks/run.sh lists them)}"
 shift
@@ -262,7 +262,7 @@ suite_commit_variant() {
 RELEASE=vllm.models.kimi_k3.nvidia.ops.recoverssm
 
 release_env() {
-    export PYTHONPATH=".:$PWD/.vllm/tree" KDA_VLLM_CACHE="$PWD/.vllm"
+    export PYTHONPATH="$PWD:$PWD/.vllm/tree" KDA_VLLM_CACHE="$PWD/.vllm"
 }
 
 suite_release_tests() {
