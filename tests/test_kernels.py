@@ -485,7 +485,7 @@ def test_defer_and_flush_plan_span_several_programs(device):
     lens = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32)
     pending_before = torch.randint(-2, T + 3, (R,), generator=gen, dtype=torch.int32)
     seen = []
-    for impl, prepare_flush_plan in ((kernels, kernels.plan._prepare_flush_plan), (ref, ref._prepare_flush_plan)):
+    for impl, prepare_flush_plan in ((kernels, kernels.plan.prepare_flush_plan), (ref, ref._prepare_flush_plan)):
         plan = CommitPlan.allocate(B, device)
         plan.commit_lens.copy_(lens)
         pending = pending_before.clone().to(device)

@@ -36,12 +36,12 @@ def engine_rows(device, gen: random.Random, B: int, T: int):
 
 
 def launch_defer(state_indices, commit_lens, record_rows, pending, eager) -> None:
-    kernels._defer_commit_kernel[(state_indices.shape[0],)](
+    kernels.defer_commit_kernel[(state_indices.shape[0],)](
         state_indices, commit_lens, record_rows, pending, eager, NULL_BLOCK_ID, state_indices.stride(0))
 
 
 def launch_flush_plan(state_indices, record_rows, pending, plan: CommitPlan, T: int) -> None:
-    kernels._prepare_flush_plan_kernel[(state_indices.shape[0],)](
+    kernels.prepare_flush_plan_kernel[(state_indices.shape[0],)](
         state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
         plan.boundary_state_indices, plan.boundary_recovery_lens, NULL_BLOCK_ID, state_indices.stride(0), T)
 

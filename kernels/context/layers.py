@@ -6,7 +6,7 @@ the device and needs no host work or allocation per call (it can be captured in 
 graph). Designs (``kernels.launch.commit_layers_design``):
 
 - ``one-launch``: the commit token loop (``fold_slot_tile``, the code of
-  ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, on 8-row
+  ``kernels.commit.token_loop``) over (V-tile, head, row, layer) in one launch, on 8-row
   tiles under a register cap (``kernels.launch.commit_layers_config``), where one layer's
   commit would leave SMs idle;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
@@ -27,14 +27,14 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
-from kernels.commit import kda_recoverssm_commit
-from kernels.commit_row import planned_row, row_plan_columns, store_row_plan
-from kernels.commit_token_loop import fold_slot_tile
+from kernels.commit.row import planned_row, row_plan_columns, store_row_plan
+from kernels.commit.token_loop import fold_slot_tile
+from kernels.commit.wrapper import kda_recoverssm_commit
+from kernels.context.conv_compaction import ConvTables, compact_conv_channels, compact_conv_states
 from kernels.contract import check_commit_args, check_layer_buffers
-from kernels.conv_compaction import ConvTables, compact_conv_channels, compact_conv_states
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.launch import Target, commit_context_design, commit_layers_config, commit_layers_design
-from kernels.plan import RequestPlan, plan_per_request, plan_request_rows
+from kernels.plan.steps import RequestPlan, plan_per_request, plan_request_rows
 from kernels.triton_math import record_row
 
 _CONV_CHUNK = 128  # conv channels a step of a one-warp program: [128, 4] windows, 16 entries a lane
