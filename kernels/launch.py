@@ -9,6 +9,10 @@ only, never values: a choice never needs a host synchronisation.
 ``KDA_DESIGN`` forces designs: ``KDA_DESIGN=verify=one-pass,commit=fold-in-tile`` (ops and
 designs in ``DESIGNS``). It is read here only (``forced_designs``); tests and benchmark
 variants use it to run a design outside the shapes the table gives it.
+
+A design is chosen once per (op, ``Key``: the shape and the target, ``KDA_DESIGN`` as set):
+a call reads the variable to find its choice, and parses it and walks the table only the first
+time (``choose_design``).
 """
 
 from __future__ import annotations
@@ -158,7 +162,14 @@ _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit"
 def forced_designs() -> dict[str, str]:
     """The designs ``KDA_DESIGN`` forces, op -> design (empty: the table chooses). Raises
     ``ValueError`` naming the bad entry for an unknown op or design."""
-    text = os.environ.get(DESIGN_ENV, "").strip()
+    return dict(_parse_designs(os.environ.get(DESIGN_ENV, "")))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_designs(setting: str) -> dict[str, str]:
+    """``forced_designs`` of the variable's value ``setting``, parsed once per value (a
+    ``ValueError`` is raised, not kept)."""
+    text = setting.strip()
     forced = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, _, design = entry.partition("=")
@@ -171,9 +182,17 @@ def forced_designs() -> dict[str, str]:
     return forced
 
 
-def choose_design(op: str, key: Key) -> str:
-    """The forced design of ``op`` if any, else the first rule of its table that holds."""
-    return forced_designs().get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
+def choose_design(op: str, key: Key | None) -> str:
+    """The forced design of ``op`` if any, else the first rule of its table that holds; chosen
+    once per (``op``, ``key``, ``KDA_DESIGN``'s value)."""
+    return _chosen_design(op, key, os.environ.get(DESIGN_ENV, ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _chosen_design(op: str, key: Key | None, setting: str) -> str:
+    """``choose_design`` under ``KDA_DESIGN=setting``. Keys are shapes an engine runs (batch
+    sizes x a window or two per op and device): the cache stays small."""
+    return _parse_designs(setting).get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
 
 
 def _key(batch: int, heads: int, head_v_dim: int, spec_query_len: int, target: Target, conv: bool = False) -> Key:
