@@ -35,7 +35,7 @@ DESIGNS = {
     "flush-verify": ("flush-apart", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "per-layer"),
-    "commit-context": ("conv-apart", "conv-in-commit", "plan-in-commit"),
+    "commit-context": ("conv-apart", "plan-in-commit"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -152,8 +152,7 @@ _COMMIT_CONTEXT_RULES = (
          "ahead of it (L=24, B=1: 0.88x at T=8, 0.90x at T=4; never slower)"),
 )
 """``conv-apart`` (the conv compaction in a launch of its own ahead of the state commit, after
-the plan's launch) is what runs wherever the state commit is a launch a layer;
-``conv-in-commit`` keeps the plan's launch ahead of the one launch."""
+the plan's launch) is what runs wherever the state commit is a launch a layer."""
 
 _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES,
           "commit-layers": _COMMIT_LAYERS_RULES, "commit-context": _COMMIT_CONTEXT_RULES}

@@ -13,9 +13,9 @@ graph). Designs (``kernels.launch.commit_layers_design``):
   its state.
 
 A commit context's conv compaction runs as one more V-tile column of the one launch, whose
-programs also plan their own rows (``commit-context`` design ``plan-in-commit``; the plan in
-a launch ahead with ``conv-in-commit``), or in a launch of its own between the plan's and the
-state commit (``conv-apart``, and wherever the state commit is ``per-layer``).
+programs also plan their own rows (``commit-context`` design ``plan-in-commit``), or in a
+launch of its own between the plan's and the state commit (``conv-apart``, wherever the state
+commit is ``per-layer``).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
                            record_indices=None, requests: RequestPlan | None = None) -> None:
     """``kda_recoverssm_commit_layers``, and with ``conv`` the conv compaction of the same rows
     (``compact_conv_states``): inside the one launch where ``commit-context`` is
-    ``conv-in-commit`` or ``plan-in-commit``, else a launch ahead of the commit.
+    ``plan-in-commit``, else a launch ahead of the commit.
 
     With ``requests``, ``plan`` and ``record_indices`` are filled first from the requests'
     plan inputs, as ``plan_per_request`` fills them (each row's slot to ``record_indices``):
@@ -204,7 +204,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
         plan_per_request(plan, requests.num_accepted, requests.query_start_loc, state_indices, T,
                          requests.request_indices, record_indices, requests.block_table, requests.num_computed,
                          requests.block_size)
-    with_conv = conv is not None and context_design != "conv-apart"
+    with_conv = conv is not None and context_design == "plan-in-commit"
     if conv is not None and not with_conv:
         compact_conv_states(conv, state_indices, plan)
     if design == "per-layer":
