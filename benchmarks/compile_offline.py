@@ -113,7 +113,7 @@ def run_ops(T: int, state_dtype: torch.dtype, lower_bound: float | None, with_re
 def run_context(T: int, state_dtype: torch.dtype, lower_bound: float | None) -> None:
     """The commit context of two k3-tp8 layers once in stock and once in align mode: the
     plan, the conv compaction and the state commit of every layer."""
-    from kernels.commit_context import CommitLayer
+    from kernels.context.engine import CommitLayer
 
     N, B, H, K, T_conv = 8, 4, 12, 128, 4
 

@@ -3,8 +3,8 @@
 usage: python3 benchmarks/token_loop_registers.py {verify,commit} T BV [--budget N]
        [--set NAME=0|1 ...] [--sass]
 
-Compiles ``kernels.verify_token_loop._verify_token_loop_kernel`` or
-``kernels.commit_token_loop._commit_token_loop_kernel`` at the k3-tp8 shape (H=12, K=V=128,
+Compiles ``kernels.verify.token_loop._verify_token_loop_kernel`` or
+``kernels.commit.token_loop._commit_token_loop_kernel`` at the k3-tp8 shape (H=12, K=V=128,
 bf16 activations, fp32 state, a lower bound) as their launchers do (one warp, one stage,
 ``--budget`` as ``maxnreg``), with the ptxas and
 cuobjdump that ship with Triton, and prints the registers per thread, the bytes of local
@@ -33,7 +33,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-from kernels import commit_token_loop, verify_token_loop  # noqa: E402
+from kernels.commit import token_loop as commit_token_loop  # noqa: E402
+from kernels.verify import token_loop as verify_token_loop  # noqa: E402
 
 H, K, V, ROWS = 12, 128, 128, 4  # the k3-tp8 shape; rows of the (unused) buffers the signature is read from
 

@@ -9,6 +9,10 @@ only, never values: a choice never needs a host synchronisation.
 ``KDA_DESIGN`` forces designs: ``KDA_DESIGN=verify=one-pass,commit=fold-in-tile`` (ops and
 designs in ``DESIGNS``). It is read here only (``forced_designs``); tests and benchmark
 variants use it to run a design outside the shapes the table gives it.
+
+A design is chosen once per (op, ``Key``: the shape and the target, ``KDA_DESIGN`` as set):
+a call reads the variable to find its choice, and parses it and walks the table only the first
+time (``choose_design``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ DESIGNS = {
     "flush-verify": ("flush-apart", "token-loop-token-by-token", "two-kernels"),
     "commit": ("token-loop", "fold-in-tile", "fold-operand-once", "fold-operand-once-wide"),
     "commit-layers": ("one-launch", "per-layer"),
-    "commit-context": ("conv-apart", "conv-in-commit", "plan-in-commit"),
+    "commit-context": ("conv-apart", "plan-in-commit"),
 }
 """Every design of each op (docs/design.md §9 says what each one is)."""
 
@@ -148,8 +152,7 @@ _COMMIT_CONTEXT_RULES = (
          "ahead of it (L=24, B=1: 0.88x at T=8, 0.90x at T=4; never slower)"),
 )
 """``conv-apart`` (the conv compaction in a launch of its own ahead of the state commit, after
-the plan's launch) is what runs wherever the state commit is a launch a layer;
-``conv-in-commit`` keeps the plan's launch ahead of the one launch."""
+the plan's launch) is what runs wherever the state commit is a launch a layer."""
 
 _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit": _COMMIT_RULES,
           "commit-layers": _COMMIT_LAYERS_RULES, "commit-context": _COMMIT_CONTEXT_RULES}
@@ -158,7 +161,14 @@ _RULES = {"verify": _VERIFY_RULES, "flush-verify": _FLUSH_VERIFY_RULES, "commit"
 def forced_designs() -> dict[str, str]:
     """The designs ``KDA_DESIGN`` forces, op -> design (empty: the table chooses). Raises
     ``ValueError`` naming the bad entry for an unknown op or design."""
-    text = os.environ.get(DESIGN_ENV, "").strip()
+    return dict(_parse_designs(os.environ.get(DESIGN_ENV, "")))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_designs(setting: str) -> dict[str, str]:
+    """``forced_designs`` of the variable's value ``setting``, parsed once per value (a
+    ``ValueError`` is raised, not kept)."""
+    text = setting.strip()
     forced = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, _, design = entry.partition("=")
@@ -171,9 +181,17 @@ def forced_designs() -> dict[str, str]:
     return forced
 
 
-def choose_design(op: str, key: Key) -> str:
-    """The forced design of ``op`` if any, else the first rule of its table that holds."""
-    return forced_designs().get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
+def choose_design(op: str, key: Key | None) -> str:
+    """The forced design of ``op`` if any, else the first rule of its table that holds; chosen
+    once per (``op``, ``key``, ``KDA_DESIGN``'s value)."""
+    return _chosen_design(op, key, os.environ.get(DESIGN_ENV, ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _chosen_design(op: str, key: Key | None, setting: str) -> str:
+    """``choose_design`` under ``KDA_DESIGN=setting``. Keys are shapes an engine runs (batch
+    sizes x a window or two per op and device): the cache stays small."""
+    return _parse_designs(setting).get(op) or next(rule.design for rule in _RULES[op] if rule.holds(key))
 
 
 def _key(batch: int, heads: int, head_v_dim: int, spec_query_len: int, target: Target, conv: bool = False) -> Key:

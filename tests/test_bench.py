@@ -513,5 +513,5 @@ def test_the_commit_context_row_appears_for_each_implementation_with_its_context
     for impl in config.impls:
         assert rows[(impl, "commit-context")].bytes > rows[(impl, "commit-layers")].bytes
     routes = run.workload["routes"]
-    assert routes["triton"]["commit-context"] == "triton (kernels.commit_context)"
+    assert routes["triton"]["commit-context"] == "triton (kernels.context.engine)"
     assert routes["examples/recoverssm_module.py"]["commit-context"].endswith("(KDARecoverSSMCommitContext)")

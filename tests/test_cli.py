@@ -429,10 +429,10 @@ def test_the_ops_through_line_names_each_implementation_once(capsys):
              f"ops through: {path}: verify, plan, defer, commit, flush"),
             ({"verify": f"{surface} (kda_recoverssm_verify)", "plan": "triton", "defer": f"{surface} "
               "(_defer_commit_kernel)", "commit": "triton", "flush": f"{surface} (_prepare_flush_plan_kernel) + "
-              "triton (commit)", "commit_layers": "triton (kernels.commit_context)"},
+              "triton (commit)", "commit_layers": "triton (kernels.context.engine)"},
              f"ops through: {surface}: verify (kda_recoverssm_verify), defer (_defer_commit_kernel), flush "
              "(_prepare_flush_plan_kernel); triton: plan, commit, flush (commit), commit_layers "
-             "(kernels.commit_context)")):
+             "(kernels.context.engine)")):
         _render(ReplayReport("t.safetensors", path, "cpu", dict(DEFAULT_TOLERANCES), event_range=(0, 0),
                              routes=routes), manifest)
         assert capsys.readouterr().out.splitlines()[2] == line

@@ -1,5 +1,5 @@
-"""The engine's commit over several layers (``kernels.commit_context``) against its float64
-reference (``kernels.reference_context``): plan, conv-state compaction and state commit.
+"""The engine's commit over several layers (``kernels.context.engine``) against its float64
+reference (``kernels.context.reference``): plan, conv-state compaction and state commit.
 
 Each batch has every kind of row: full windows taking every accept length 0..T, a partial
 window, a null slot with tokens, CUDA-graph padding; in the first of two rounds the
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import kernels.commit_layers
+import kernels.context.layers
 import kernels.launch
 from kernels import reference as ref
 from kernels.buffers import CommitPlan, KDARecoverSSMRecords, allocate_records
-from kernels.commit_context import CommitLayer, KDARecoverSSMCommitContext
-from kernels.commit_layers import LayerBuffers, LayerTables, kda_recoverssm_commit_layers
-from kernels.reference_context import ReferenceCommitContext
+from kernels.context.engine import CommitLayer, KDARecoverSSMCommitContext
+from kernels.context.layers import LayerBuffers, LayerTables, kda_recoverssm_commit_layers
+from kernels.context.reference import ReferenceCommitContext
 from tests.kernel_problems import rel_rmse, same_bits, within_rounding
 from tests.seeds import fresh_seed
 
@@ -297,7 +297,7 @@ def test_the_context_plans_inside_the_one_launch(device, monkeypatch):
         raise AssertionError("a plan launch ran ahead of the one launch")
 
     monkeypatch.delenv(kernels.launch.DESIGN_ENV, raising=False)
-    monkeypatch.setattr(kernels.commit_layers, "plan_per_request", no_plan_launch)
+    monkeypatch.setattr(kernels.context.layers, "plan_per_request", no_plan_launch)
     assert kernels.launch.commit_context_design() == "plan-in-commit"
     run_two_rounds(device, L=2, H=2, K=16, V=32, T=3, state_dtype=torch.float32, align=True, conv_dim_first=True,
                    lower_bound=-5.0)

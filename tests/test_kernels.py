@@ -155,6 +155,32 @@ def test_a_bad_forced_design_is_named(monkeypatch, value, message):
         kernels.launch.verify_config(1, 1, 16, 16, 1)
 
 
+def test_a_design_is_chosen_once_per_shape_target_and_setting(monkeypatch):
+    """Repeated calls of one shape on one target walk the table once; another ``KDA_DESIGN``
+    value is parsed and chosen again, and the first value's choice is still kept."""
+    launch = kernels.launch
+    walked = []
+    counted = tuple(launch.Rule(rule.design, lambda key, rule=rule: walked.append(rule.design) or rule.holds(key),
+                                rule.why) for rule in launch._RULES["verify"])
+    monkeypatch.setitem(launch._RULES, "verify", counted)
+    monkeypatch.delenv(launch.DESIGN_ENV, raising=False)
+    launch._chosen_design.cache_clear()
+    launch._parse_designs.cache_clear()
+    shape = (8, 12, 128, 128, 4)
+    assert [launch.verify_config(*shape).design for _ in range(3)] == ["token-loop"] * 3
+    assert walked == ["token-loop"]
+    assert launch._chosen_design.cache_info()[:2] == (2, 1)  # hits, misses
+    assert launch.verify_config(*shape, target=launch.INTERPRETER).design == "token-loop"
+    assert walked == ["token-loop"] * 2  # another target, chosen again
+    monkeypatch.setenv(launch.DESIGN_ENV, "verify=two-kernels")
+    assert [launch.verify_config(*shape).design for _ in range(2)] == ["two-kernels"] * 2
+    assert launch._parse_designs.cache_info().misses == 2  # "" and "verify=two-kernels", once each
+    monkeypatch.delenv(launch.DESIGN_ENV)
+    assert launch.verify_config(*shape).design == "token-loop"
+    assert walked == ["token-loop"] * 2
+    assert launch._chosen_design.cache_info()[:2] == (4, 3)
+
+
 def output_matches(actual: torch.Tensor, expected: torch.Tensor, state_rounded: bool) -> bool:
     """``state_rounded``: the kernel's bf16 state already holds roundings the reference lacks."""
     if state_rounded:
@@ -485,7 +511,7 @@ def test_defer_and_flush_plan_span_several_programs(device):
     lens = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32)
     pending_before = torch.randint(-2, T + 3, (R,), generator=gen, dtype=torch.int32)
     seen = []
-    for impl, prepare_flush_plan in ((kernels, kernels.plan._prepare_flush_plan), (ref, ref._prepare_flush_plan)):
+    for impl, prepare_flush_plan in ((kernels, kernels.plan.prepare_flush_plan), (ref, ref._prepare_flush_plan)):
         plan = CommitPlan.allocate(B, device)
         plan.commit_lens.copy_(lens)
         pending = pending_before.clone().to(device)

@@ -1,5 +1,9 @@
 """The layout of ``traces/``: every module sits in a sub-package named for its stage, each
-stage says its job in an opening docstring, and stages import one way (no cycle)."""
+stage says its job in an opening docstring, and stages import one way (no cycle). The layout
+of ``kernels/``: an op's modules sit in its sub-package, each saying its job in an opening
+docstring; at the top only the modules every op shares (``KERNELS_SHARED``); no import cycle
+among sub-packages and shared modules nor among modules; nothing from ``traces/`` or
+``kda_cli/``."""
 
 from __future__ import annotations
 
@@ -7,6 +11,14 @@ import ast
 from pathlib import Path
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
+KERNELS = TRACES.parent / "kernels"
+KERNELS_OPS = ["commit", "context", "plan", "verify"]
+"""``kernels/``'s sub-packages, one an op (``context``: the commit of every layer)."""
+KERNELS_SHARED = ["buffers.py", "capability.py", "commit_rules.py", "contract.py", "dependent_launch.py",
+                  "interpreter.py", "launch.py", "reference.py", "triton_math.py"]
+"""What every op shares at ``kernels/``'s top: buffers, the device's capability, the commit
+rules and record rows the contract checks, the argument checks, dependent launches, the
+interpreter's patch, the decision table, the torch reference and the Triton math."""
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -85,6 +97,21 @@ def loose_modules(root: Path) -> list[str]:
     return loose
 
 
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the other modules under ``root`` it imports (each imported name resolved to
+    the module it lies in); the package ``root`` itself is left out, as a module and a target."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    del paths[root.name]
+
+    def module_of(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {name: {target for target in map(module_of, imported_names(path, root)) if target not in (None, name)}
+            for name, path in paths.items()}
+
+
 def test_every_module_sits_in_a_stage():
     assert loose_modules(TRACES) == []
 
@@ -112,3 +139,40 @@ def test_the_checks_find_a_cycle_and_a_loose_module(tmp_path):
     (root / "flat.py").write_text("import traces.a.m\n")
     assert find_cycle(stage_graph(root)) == ["a", "b", "a"]
     assert loose_modules(root) == ["flat.py"]
+
+
+def test_kernels_keep_ops_in_sub_packages_and_only_shared_modules_at_the_top():
+    top = sorted(p.name for p in KERNELS.glob("*.py") if p.name != "__init__.py")
+    assert top == KERNELS_SHARED
+    ops = sorted(p.name for p in KERNELS.iterdir() if (p / "__init__.py").is_file())
+    assert ops == KERNELS_OPS
+    assert [path for path in loose_modules(KERNELS) if path not in KERNELS_SHARED] == []
+    for op in ops:
+        docstring = ast.get_docstring(ast.parse((KERNELS / op / "__init__.py").read_text()))
+        assert docstring and len(docstring.split()) >= 10, op
+
+
+def test_kernels_import_without_a_cycle():
+    graph = stage_graph(KERNELS)
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    modules = module_graph(KERNELS)
+    assert find_cycle(modules) is None, " -> ".join(find_cycle(modules))
+    for shared in KERNELS_SHARED:
+        assert set(graph.get(shared[:-3], ())) <= {name[:-3] for name in KERNELS_SHARED}, shared
+
+
+def test_kernels_import_nothing_of_traces_or_the_cli():
+    for path in sorted(KERNELS.rglob("*.py")):
+        outside = sorted(name for name in imported_names(path, KERNELS) if name.split(".")[0] in ("traces", "kda_cli"))
+        assert outside == [], f"{path.relative_to(KERNELS)} imports {', '.join(outside)}"
+
+
+def test_the_module_graph_finds_a_cycle_inside_a_package(tmp_path):
+    root = tmp_path / "kernels"
+    (root / "op").mkdir(parents=True)
+    (root / "__init__.py").write_text("from kernels.op import a\n")
+    (root / "op" / "__init__.py").write_text('"""Op."""\n')
+    (root / "op" / "a.py").write_text("from kernels.op.b import x\n")
+    (root / "op" / "b.py").write_text("from .a import y\n")
+    assert find_cycle(stage_graph(root)) is None
+    assert find_cycle(module_graph(root)) == ["kernels.op.a", "kernels.op.b", "kernels.op.a"]

@@ -36,12 +36,12 @@ def engine_rows(device, gen: random.Random, B: int, T: int):
 
 
 def launch_defer(state_indices, commit_lens, record_rows, pending, eager) -> None:
-    kernels._defer_commit_kernel[(state_indices.shape[0],)](
+    kernels.defer_commit_kernel[(state_indices.shape[0],)](
         state_indices, commit_lens, record_rows, pending, eager, NULL_BLOCK_ID, state_indices.stride(0))
 
 
 def launch_flush_plan(state_indices, record_rows, pending, plan: CommitPlan, T: int) -> None:
-    kernels._prepare_flush_plan_kernel[(state_indices.shape[0],)](
+    kernels.prepare_flush_plan_kernel[(state_indices.shape[0],)](
         state_indices, record_rows, pending, plan.commit_lens, plan.final_state_indices,
         plan.boundary_state_indices, plan.boundary_recovery_lens, NULL_BLOCK_ID, state_indices.stride(0), T)
 
@@ -101,3 +101,15 @@ def test_documented_flush_plan_clamps_counts(device):
     assert plan.final_state_indices[:6].tolist() == state_indices.tolist()
     assert plan.boundary_state_indices[:6].tolist() == [NULL_BLOCK_ID] * 6
     assert pending.tolist() == [-2, T + 5, 2, 3, 1, 9]
+
+
+def test_kda_names_its_raw_kernels_publicly_and_an_engine_module_by_the_documented_names():
+    """``kernels`` exports no underscore name; the example engine's module (as any engine
+    module, docs/implementations.md) holds kda's raw kernels as ``_defer_commit_kernel`` and
+    ``_prepare_flush_plan_kernel``."""
+    from examples import recoverssm_module
+
+    assert [name for name in kernels.__all__ if name.startswith("_")] == []
+    assert recoverssm_module._defer_commit_kernel is kernels.defer_commit_kernel
+    assert recoverssm_module._prepare_flush_plan_kernel is kernels.prepare_flush_plan_kernel
+    assert {"_defer_commit_kernel", "_prepare_flush_plan_kernel"} <= set(recoverssm_module.__all__)

@@ -43,13 +43,16 @@ def replay(path: Path, impl: str, capfd, monkeypatch, *extra: str) -> tuple[int,
 
 
 def _context_module(name: str, monkeypatch, base=None) -> types.ModuleType:
-    """A module ``name`` (in ``sys.modules`` for this test) with kda's kernel API and a commit
-    context that subclasses ``base`` (kda's), so that patching it leaves kda's class as it is."""
+    """A module ``name`` (in ``sys.modules`` for this test) with kda's kernel API, its raw
+    kernels under the documented surface's names, and a commit context that subclasses ``base``
+    (kda's), so that patching it leaves kda's class as it is."""
     import kernels
-    from kernels.commit_context import KDARecoverSSMCommitContext as kda_context
+    from kernels.context.engine import KDARecoverSSMCommitContext as kda_context
 
     module = types.ModuleType(name)
     module.__dict__.update({api: getattr(kernels, api) for api in kernels.__all__})
+    module._defer_commit_kernel, module._prepare_flush_plan_kernel = (kernels.defer_commit_kernel,
+                                                                      kernels.prepare_flush_plan_kernel)
     module.KDARecoverSSMCommitContext = type("KDARecoverSSMCommitContext", (base or kda_context,), {})
     monkeypatch.setitem(sys.modules, name, module)
     return module
@@ -210,7 +213,7 @@ def test_a_raw_kernel_inside_the_context_commit_ends_the_recording_before_it(tmp
     """A context whose commit defers through the raw kernel on its plan: trace format v2 cannot
     say what it did, so the recording ends before that commit, the events before it kept."""
     import kernels
-    from kernels.commit_context import KDARecoverSSMCommitContext as Base
+    from kernels.context.engine import KDARecoverSSMCommitContext as Base
     from tests import context_engine
 
     class Deferring(Base):
@@ -289,7 +292,7 @@ def test_a_context_the_recorder_cannot_read_ends_the_recording_and_runs(tmp_path
     """A context whose commit names its arguments otherwise, and one over layers of differing
     shapes: the recording ends there, saying why, and the engine runs as it would."""
     import kernels
-    from kernels.commit_context import KDARecoverSSMCommitContext as Base
+    from kernels.context.engine import KDARecoverSSMCommitContext as Base
     from tests import context_engine
 
     class Renamed(Base):

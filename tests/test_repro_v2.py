@@ -46,7 +46,7 @@ def test_a_slice_folds_each_commit_through_the_reference_context_of_its_records(
     events before the slice run each commit through the reference context of those records,
     and the slice replays."""
     import kernels.reference
-    from kernels.reference_context import ReferenceCommitContext
+    from kernels.context.reference import ReferenceCommitContext
     from traces.format.tape import Player, Tape, initial_layer_buffers
     from traces.repro.expected import with_expected
 

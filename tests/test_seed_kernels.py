@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-import kernels
 from kernels import NULL_BLOCK_ID, CommitPlan
+from tests import documented_surface as kda
 from tests import seed_surface as seed
 from tests.seeds import fresh_seed
 from tests.trace_helpers import make_trace, run_kda
@@ -75,7 +75,7 @@ def test_raw_kernels_match_the_seed_bit_for_bit(device, with_eager, B, R, T):
     buffers = {name: (pending.clone(), None) for name in ("kda", "seed")}
     for round_ in range(2):
         seen = {}
-        for name, module in (("kda", kernels), ("seed", seed)):
+        for name, module in (("kda", kda), ("seed", seed)):
             counts = buffers[name][0]
             planned = lens.clone()
             launch_defer(module, slots, planned, rows, counts, eager)
@@ -93,7 +93,7 @@ def test_raw_kernels_match_the_seed_bit_for_bit(device, with_eager, B, R, T):
     slots, rows, pending, _, _ = batch_rows(gen, B, R, T, device, duplicate_live_rows=True)
     before = pending.clone()
     plans = []
-    for module in (kernels, seed):
+    for module in (kda, seed):
         plan = sentinel_plan(B, device)
         launch_flush_plan(module, slots, rows, pending, plan, T)
         plans.append([getattr(plan, c) for c in PLAN_COLUMNS])

@@ -86,8 +86,8 @@ def test_three_layers_with_conv_state_replay(v2_trace, impl, capsys, monkeypatch
     assert compared == {"states", "conv_windows"}
     final = [c["tensor"] for c in report["final"]]
     assert sum(name.endswith("final.conv_state") for name in final) == 3
-    assert "kernels.reference_context" in report["routes"]["commit_layers"] if impl == "reference" else \
-        "kernels.commit_context" in report["routes"]["commit_layers"]
+    assert "kernels.context.reference" in report["routes"]["commit_layers"] if impl == "reference" else \
+        "kernels.context.engine" in report["routes"]["commit_layers"]
 
 
 def test_a_token_first_conv_state_replays(token_first_trace, capsys, monkeypatch):

@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.commit_context import CommitLayer, KDARecoverSSMCommitContext
-from kernels.reference_context import ReferenceCommitContext
+from kernels.context.engine import CommitLayer, KDARecoverSSMCommitContext
+from kernels.context.reference import ReferenceCommitContext
 from tests.kernel_problems import rel_rmse, same_bits
 from tests.seeds import fresh_seed
 from tests.trace_helpers import run_kda

@@ -3,7 +3,7 @@
 usage: python3 benchmarks/variants/state_stream_probe.py [--offline [--resources]] [--batches 64,128,256]
                                                         [--only TEXT]
 
-The stock verify's state kernel (``kernels/verify_two_kernels.py``) spends its time in one loop:
+The stock verify's state kernel (``kernels/verify/two_kernels.py``) spends its time in one loop:
 ``Y[v, m] = sum_k S[slot, h, v, k] * operand[b, h, m, k]`` over each (V-tile, head, row), the
 state read once from DRAM, the product in split tf32 (fp32 accuracy). Its epilogue (mix
 product, outputs, corrections) is left out here, so each variant below times that loop alone

@@ -4,10 +4,10 @@ accepted token keeps its old window)."""
 
 from kernels import *  # noqa: F401,F403  (the whole API)
 from kernels.buffers import CommitPlan
-from kernels.commit_context import KDARecoverSSMCommitContext as _Context
-from kernels.commit_layers import kda_recoverssm_commit_layers
-from kernels.plan import plan_per_request
-from kernels.reference_context import compact_conv_states
+from kernels.context.engine import KDARecoverSSMCommitContext as _Context
+from kernels.context.layers import kda_recoverssm_commit_layers
+from kernels.context.reference import compact_conv_states
+from kernels.plan.steps import plan_per_request
 
 
 class KDARecoverSSMCommitContext(_Context):

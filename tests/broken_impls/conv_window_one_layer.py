@@ -4,7 +4,7 @@ higher. As an engine's module (``tests/context_engine.py --module``) its recordi
 the wrong window; as ``--impl`` it computes it."""
 
 from kernels import *  # noqa: F401,F403  (the whole API)
-from kernels.commit_context import KDARecoverSSMCommitContext as _Context
+from kernels.context.engine import KDARecoverSSMCommitContext as _Context
 from traces.record.recorder import written_slots
 
 BROKEN_LAYER = 1

@@ -4,8 +4,9 @@ are deferred too, so their windows are never committed at the step."""
 import triton
 import triton.language as tl
 
-from kernels import KDARecoverSSMRecords, _prepare_flush_plan_kernel, kda_recoverssm_verify  # noqa: F401
-from kernels.plan import defer_batch_rows
+from kernels import KDARecoverSSMRecords, kda_recoverssm_verify  # noqa: F401
+from kernels import prepare_flush_plan_kernel as _prepare_flush_plan_kernel  # noqa: F401
+from kernels.plan.steps import defer_batch_rows
 
 
 @triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})

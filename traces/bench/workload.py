@@ -39,7 +39,7 @@ one call of a row is one model's: every op above on each of its layers, except
     step-stock     verify(s) for each layer; then one plan and one commit-layers
     commit-context one ``commit`` of the implementation's commit context over the model's
                    layers (``traces.format.commit_context.commit_context_type``: kda's
-                   ``kernels.commit_context`` for triton, a module's own where it has one):
+                   ``kernels.context.engine`` for triton, a module's own where it has one):
                    plan through request indices, conv windows and state of every layer
 
 A model's layers share the first set's slots and plan: layer ``j`` sees the pool through a
@@ -153,7 +153,7 @@ class Workload:
     def _context(self, g: int, span: int):
         """Model ``g``'s commit context: layer ``j`` over the pool, records and conv state seen
         ``j B`` slots further on, planning into the model's first set's plan."""
-        from kernels.commit_context import CommitLayer
+        from kernels.context.engine import CommitLayer
         from traces.format.commit_context import commit_context_type
 
         B, H, _, K = self.slots.shape[1], *self.pool.shape[1:]

@@ -2,9 +2,9 @@
 docs/design.md §10): in a replay, a slice or a repro's tape.
 
 ``open_commit_context`` is the one place a replay builds the commit context it runs those
-events through: ``kernels.reference_context.ReferenceCommitContext`` for ``--impl
+events through: ``kernels.context.reference.ReferenceCommitContext`` for ``--impl
 reference``, the implementation's own ``KDARecoverSSMCommitContext`` where its module has
-one, else kda's (``kernels.commit_context``), for the records and align-mode rule the
+one, else kda's (``kernels.context.engine``), for the records and align-mode rule the
 event names (attrs ``records`` and ``rule``). The context plans into the trace's shared plan
 buffer, so that the plan a ``commit_layers`` event leaves is the trace's like any other.
 """
@@ -24,15 +24,15 @@ def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
     """The commit context class ``impl`` (called ``name``) runs ``commit_layers`` through,
     and how the report's routes name it."""
     from kernels import reference
-    from kernels.commit_context import KDARecoverSSMCommitContext
-    from kernels.reference_context import ReferenceCommitContext
+    from kernels.context.engine import KDARecoverSSMCommitContext
+    from kernels.context.reference import ReferenceCommitContext
 
     if impl is reference:
-        return ReferenceCommitContext, "reference (kernels.reference_context)"
+        return ReferenceCommitContext, "reference (kernels.context.reference)"
     own = getattr(impl, "KDARecoverSSMCommitContext", None)
     if own is not None and own is not KDARecoverSSMCommitContext:
         return own, getattr(own, "route", None) or f"{name or getattr(impl, '__name__', '?')} (KDARecoverSSMCommitContext)"
-    return KDARecoverSSMCommitContext, "triton (kernels.commit_context)"
+    return KDARecoverSSMCommitContext, "triton (kernels.context.engine)"
 
 
 def open_commit_context(impl, layers: list[Buffers], conv: ConvSpec, spec_query_len: int,
@@ -41,7 +41,7 @@ def open_commit_context(impl, layers: list[Buffers], conv: ConvSpec, spec_query_
     windows of ``spec_query_len`` tokens and batches of up to the shared plan's rows, keeping
     ``records`` under ``rule`` (``kernels.commit_rules``); its plan is that shared plan.
     Raises ``ValueError`` when the context class cannot take them."""
-    from kernels.commit_context import CommitLayer
+    from kernels.context.engine import CommitLayer
 
     context_type, _ = commit_context_type(impl)
     first = layers[0]

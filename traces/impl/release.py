@@ -125,7 +125,7 @@ def context_route(name: str) -> str:
 
 
 class ReleaseContext:
-    """kda's commit context surface (``kernels.commit_context``: ``create``, ``plan``,
+    """kda's commit context surface (``kernels.context.engine``: ``create``, ``plan``,
     ``commit``) over the release's ``KDARecoverSSMCommitContext`` (``module``): records by
     batch row, the release's align-mode rule."""
 
@@ -138,7 +138,7 @@ class ReleaseContext:
     @classmethod
     def create(cls, layers, spec_query_len: int, max_num_reqs: int, conv_dim_first: bool = True,
                records: str = RECORDS, rule: str = RULE) -> "ReleaseContext":
-        """The module's ``create`` over ``layers`` (``kernels.commit_context.CommitLayer``s),
+        """The module's ``create`` over ``layers`` (``kernels.context.engine.CommitLayer``s),
         with the module's conv layout global set to ``conv_dim_first`` while it runs. Raises
         ``ValueError`` for records or a rule the release does not follow."""
         from kernels.buffers import CommitPlan

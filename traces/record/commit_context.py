@@ -1,7 +1,7 @@
 """Recording an engine's commit context: its ``create`` binds every layer, its ``commit`` is one
 ``commit_layers`` event (docs/recording.md, docs/trace-format.md).
 
-A module's ``KDARecoverSSMCommitContext`` (kda's ``kernels.commit_context`` surface) is
+A module's ``KDARecoverSSMCommitContext`` (kda's ``kernels.context.engine`` surface) is
 patched in place (``traces.record.patch``). ``create(layers, spec_query_len, max_num_reqs,
 conv_dim_first=...)`` tells the recorder the model's layers: layer ``i`` of the context is
 trace layer ``i``, its ``kv_cache = (conv_state, checkpoint_state, correction, key_gate)``,
@@ -263,7 +263,7 @@ def _layer_fields(layer) -> tuple[tuple, Any, Any, Any]:
     """``(kv_cache, A_log, dt_bias, gate_lower_bound)`` of a context's layer, ``kv_cache`` as
     kda's four buffers: an object with those attributes (the release's ``kv_cache =
     (conv_state, checkpoint_state)`` with its records in ``recoverssm_records``), or a tuple in
-    ``kernels.commit_context.CommitLayer``'s order."""
+    ``kernels.context.engine.CommitLayer``'s order."""
     if hasattr(layer, "kv_cache"):
         kv_cache = tuple(layer.kv_cache)
         if len(kv_cache) == 2:

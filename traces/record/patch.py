@@ -70,7 +70,7 @@ RAW_KERNELS = {
 """Documented raw kernels -> their documented parameters, in order."""
 
 CONTEXT_CLASS = "KDARecoverSSMCommitContext"
-"""A module's commit context class (``kernels.commit_context``'s surface): its ``create`` and
+"""A module's commit context class (``kernels.context.engine``'s surface): its ``create`` and
 ``commit`` are recorded (``traces.record.commit_context``)."""
 
 _RECORDED = "__kda_recorded__"

@@ -23,7 +23,7 @@ OP_WEIGHT = {"verify": 1.0, "commit": 0.7, "flush": 0.7, "commit_layers": 0.7}
 """Ops that run over the state, relative to verify (``commit_layers``: a layer's share)."""
 SMALL_OP_UNITS = 1000.0
 """A plan or a defer (a few tens of milliseconds)."""
-REFERENCE_MODULES = ("kernels.reference", "kernels.reference_context", "kernels.buffers", "kernels.contract")
+REFERENCE_MODULES = ("kernels.reference", "kernels.context.reference", "kernels.buffers", "kernels.contract")
 """kda's modules that launch no Triton kernel: the torch reference and what it is built on."""
 SECONDS_PER_UNIT = 2.2e-5
 """Interpreter seconds per unit on the 2-core CPU measured: for a rough figure before any

@@ -29,7 +29,7 @@ gets a prefill outside the kernels, recorded as a ``write`` event: a fresh state
 slot and, in the deferred modes, its record row's count reset (a slot used for the first
 time holds its initial state already).
 
-Expected results come from ``kernels.reference`` (and ``kernels.reference_context`` for
+Expected results come from ``kernels.reference`` (and ``kernels.context.reference`` for
 the engine's commit) run on a float64 copy of the buffers, cast to the trace's dtypes.
 """
 
@@ -147,8 +147,8 @@ class _Simulation:
 
     def commit_context(self):
         """The reference's commit context over every layer, planning into the trace's plan."""
-        from kernels.commit_context import CommitLayer
-        from kernels.reference_context import ReferenceCommitContext
+        from kernels.context.engine import CommitLayer
+        from kernels.context.reference import ReferenceCommitContext
 
         d = self.dims
         model = [CommitLayer((x.conv, x.pool, x.records.correction, x.records.key_gate), x.A_log, x.dt_bias, d.H,

@@ -1,4 +1,4 @@
-"""Torch reference of the engine's commit (``kernels.commit_context``): the same context,
+"""Torch reference of the engine's commit (``kernels.context.engine``): the same context,
 its three steps run by ``kernels.reference`` and ``compact_conv_states`` below, in float64
 where the buffers are float64."""
 
@@ -8,8 +8,8 @@ import torch
 
 from kernels import reference
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan
-from kernels.commit_context import KDARecoverSSMCommitContext
 from kernels.commit_rules import apply_rule
+from kernels.context.engine import KDARecoverSSMCommitContext
 
 
 def compact_conv_states(states, history: int, state_indices, plan: CommitPlan) -> None:

@@ -16,17 +16,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.commit.fold import fold_recorded_token
 from kernels.dependent_launch import (
     arrive, arrived_last, dependent_launch, gpu_fence, row_counters, start_tile_head_row,
 )
-from kernels.flush_plan import planned_flush_count, store_flush_plan
-from kernels.fold import fold_recorded_token
 from kernels.launch import Target, VerifyConfig
+from kernels.plan.flush_row import planned_flush_count, store_flush_plan
 from kernels.triton_math import (
     NULL_SLOT, head_decay_rate, record_row, recurrence_step, tile_column, tile_row, token_key_and_decay, token_queries,
     vector_entry, write_strength,
 )
-from kernels.verify_window import VerifyCall, store_corrections, store_outputs, window_row
+from kernels.verify.window import VerifyCall, store_corrections, store_outputs, window_row
 
 
 @triton.jit

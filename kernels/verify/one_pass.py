@@ -1,7 +1,7 @@
 """Verify, the one-pass design: one kernel, each V-tile building the window's operands itself.
 
 For few (row, head) pairs (docs/design.md §9): one program per (V-tile, row, head)
-builds each block of ``[W; P]``, ``A`` and ``C`` (``kernels.verify_window``) and takes its
+builds each block of ``[W; P]``, ``A`` and ``C`` (``kernels.verify.window``) and takes its
 product with the state block in the same pass, then ``mix`` and the outputs. Every V-tile
 repeats the key side's work, which costs less there than a second kernel's wait.
 """
@@ -14,7 +14,7 @@ import triton.language as tl
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
 from kernels.triton_math import NULL_SLOT, head_decay_rate, record_row
-from kernels.verify_window import (
+from kernels.verify.window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_mix,
     window_row, window_values,
 )

@@ -6,16 +6,16 @@ the device and needs no host work or allocation per call (it can be captured in 
 graph). Designs (``kernels.launch.commit_layers_design``):
 
 - ``one-launch``: the commit token loop (``fold_slot_tile``, the code of
-  ``kernels.commit_token_loop``) over (V-tile, head, row, layer) in one launch, on 8-row
+  ``kernels.commit.token_loop``) over (V-tile, head, row, layer) in one launch, on 8-row
   tiles under a register cap (``kernels.launch.commit_layers_config``), where one layer's
   commit would leave SMs idle;
 - ``per-layer``: ``kda_recoverssm_commit`` on each layer, each launch already streaming
   its state.
 
 A commit context's conv compaction runs as one more V-tile column of the one launch, whose
-programs also plan their own rows (``commit-context`` design ``plan-in-commit``; the plan in
-a launch ahead with ``conv-in-commit``), or in a launch of its own between the plan's and the
-state commit (``conv-apart``, and wherever the state commit is ``per-layer``).
+programs also plan their own rows (``commit-context`` design ``plan-in-commit``), or in a
+launch of its own between the plan's and the state commit (``conv-apart``, wherever the state
+commit is ``per-layer``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
-from kernels.commit import kda_recoverssm_commit
-from kernels.commit_row import planned_row, row_plan_columns, store_row_plan
-from kernels.commit_token_loop import fold_slot_tile
+from kernels.commit.row import planned_row, row_plan_columns, store_row_plan
+from kernels.commit.token_loop import fold_slot_tile
+from kernels.commit.wrapper import kda_recoverssm_commit
+from kernels.context.conv_compaction import ConvTables, compact_conv_channels, compact_conv_states
 from kernels.contract import check_commit_args, check_layer_buffers
-from kernels.conv_compaction import ConvTables, compact_conv_channels, compact_conv_states
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
 from kernels.launch import Target, commit_context_design, commit_layers_config, commit_layers_design
-from kernels.plan import RequestPlan, plan_per_request, plan_request_rows
+from kernels.plan.steps import RequestPlan, plan_per_request, plan_request_rows
 from kernels.triton_math import record_row
 
 _CONV_CHUNK = 128  # conv channels a step of a one-warp program: [128, 4] windows, 16 entries a lane
@@ -184,7 +184,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
                            record_indices=None, requests: RequestPlan | None = None) -> None:
     """``kda_recoverssm_commit_layers``, and with ``conv`` the conv compaction of the same rows
     (``compact_conv_states``): inside the one launch where ``commit-context`` is
-    ``conv-in-commit`` or ``plan-in-commit``, else a launch ahead of the commit.
+    ``plan-in-commit``, else a launch ahead of the commit.
 
     With ``requests``, ``plan`` and ``record_indices`` are filled first from the requests'
     plan inputs, as ``plan_per_request`` fills them (each row's slot to ``record_indices``):
@@ -204,7 +204,7 @@ def commit_layers_and_conv(tables: LayerTables, conv: ConvTables | None, lower_b
         plan_per_request(plan, requests.num_accepted, requests.query_start_loc, state_indices, T,
                          requests.request_indices, record_indices, requests.block_table, requests.num_computed,
                          requests.block_size)
-    with_conv = conv is not None and context_design != "conv-apart"
+    with_conv = conv is not None and context_design == "plan-in-commit"
     if conv is not None and not with_conv:
         compact_conv_states(conv, state_indices, plan)
     if design == "per-layer":

@@ -1,14 +1,14 @@
 """RecoverSSM commit: fold recorded tokens into checkpoint slots (docs/design.md §3, §6).
 
-Folding is ``S_n = S_0 exp(G_n) + U F_n`` (``kernels.fold``), whose operand ``F_n`` depends on
+Folding is ``S_n = S_0 exp(G_n) + U F_n`` (``kernels.commit.fold``), whose operand ``F_n`` depends on
 a row's records alone, not on the state. Three designs, one module each, chosen by
 ``kernels.launch`` (docs/design.md §9):
 
-- ``kernels.commit_token_loop``: the records one token at a time on a state tile held in
+- ``kernels.commit.token_loop``: the records one token at a time on a state tile held in
   registers, for the fewest tokens;
-- ``kernels.commit_fold_in_tile``: one launch, each V-tile rebuilding ``F`` beside its state
+- ``kernels.commit.fold_in_tile``: one launch, each V-tile rebuilding ``F`` beside its state
   blocks, for few (row, head) pairs;
-- ``kernels.commit_fold_operand_once``: ``F`` built once per (row, head, block of key
+- ``kernels.commit.fold_operand_once``: ``F`` built once per (row, head, block of key
   channels), then the state kernel, for many.
 
 Rows with a boundary slot take both folds from one read of each block (the boundary slot may
@@ -20,10 +20,10 @@ read, so NaN there is inert.
 from __future__ import annotations
 
 from kernels.buffers import CommitPlan, KDARecoverSSMRecords
-from kernels.commit_fold_in_tile import launch_fold_in_tile
-from kernels.commit_fold_operand_once import launch_fold_operand_once
-from kernels.commit_row import CommitCall
-from kernels.commit_token_loop import launch_token_loop
+from kernels.commit.fold_in_tile import launch_fold_in_tile
+from kernels.commit.fold_operand_once import launch_fold_operand_once
+from kernels.commit.row import CommitCall
+from kernels.commit.token_loop import launch_token_loop
 from kernels.contract import check_commit_args
 from kernels.launch import Target, commit_config
 

@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.commit_row import CommitCall, commit_row, slot_tile
+from kernels.commit.fold import fold_state_block, recorded_corrections, store_fold_operand
+from kernels.commit.row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, CommitConfig
 from kernels.triton_math import NULL_SLOT, head_decay_rate, record_key_inverse_norms
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.commit_row import CommitCall, commit_row, slot_tile
+from kernels.commit.fold import recorded_corrections
+from kernels.commit.row import CommitCall, commit_row, slot_tile
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.fold import recorded_corrections
 from kernels.launch import DOT_PRECISION, CommitConfig
 from kernels.triton_math import (
     NULL_SLOT, fold_operand, head_decay_rate, record_key_inverse_norms, record_keys_and_gates,

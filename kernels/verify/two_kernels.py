@@ -4,7 +4,7 @@
    touch the state, in one pass over the key channels: it writes the row's key records, the
    stacked operand ``[W; P]`` built from the raw keys and queries, the norms that normalise
    its rows (known only after the last channel, ``row_scale``), and the mixing matrix ``M``
-   (``kernels.verify_window``).
+   (``kernels.verify.window``).
 2. ``_verify_state_kernel``, one program per (V-tile, row, head), reads its state tile once:
    ``Y = S_0 [W; P]^T`` (scaled by ``row_scale``) and ``[U | O] = [V - S_0 W^T | S_0 P^T] M``.
 
@@ -15,7 +15,7 @@ the previous block's stores (which, for all the compiler knows, may alias them),
 state kernel loads its other inputs before its state blocks.
 
 Its flushing form (``FLUSH``): a second key-side program per (row, head) builds the fold
-operand of the row's pending records (``kernels.fold``) before this window's records
+operand of the row's pending records (``kernels.commit.fold``) before this window's records
 overwrite them, and the state kernel folds each state block with it, stores the block in
 place and takes the window's products from it: a deferred step reads each slot once.
 """
@@ -26,12 +26,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.commit.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.dependent_launch import await_prior_grid, dependent_launch, start_tile_head_row
-from kernels.flush_plan import store_flush_plan
-from kernels.fold import fold_state_block, recorded_corrections, store_fold_operand
 from kernels.launch import DOT_PRECISION, VerifyConfig, factored_window
+from kernels.plan.flush_row import store_flush_plan
 from kernels.triton_math import NULL_SLOT, head_decay_rate, record_key_inverse_norms, record_row
-from kernels.verify_window import (
+from kernels.verify.window import (
     VerifyCall, load_window_block, store_outputs, store_window_results, window_beta, window_block, window_inputs,
     window_mix, window_row,
 )

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from kernels.buffers import CommitPlan, KDARecoverSSMRecords
-from kernels.commit_layers import LayerBuffers, LayerTables, commit_layers_and_conv
 from kernels.commit_rules import apply_rule
+from kernels.context.conv_compaction import ConvTables
+from kernels.context.layers import LayerBuffers, LayerTables, commit_layers_and_conv
 from kernels.contract import check_commit_context_args, check_context_layers
-from kernels.conv_compaction import ConvTables
-from kernels.plan import RequestPlan, plan_per_request
+from kernels.plan.steps import RequestPlan, plan_per_request
 
 
 @dataclass(frozen=True)

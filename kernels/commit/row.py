@@ -60,7 +60,7 @@ def commit_row(plan, state_indices_ptr, record_indices_ptr, b, stride_state_indi
                HAS_RECORD_INDICES: tl.constexpr):
     """Row ``b``'s plan as every commit kernel reads it: ``planned_row`` of its plan columns
     (``row_plan_columns``). ``null_slot``: ``NULL_SLOT``, or the same value passed at run time
-    (``kernels.commit_token_loop`` says why)."""
+    (``kernels.commit.token_loop`` says why)."""
     source, commit_len, final, boundary, recovery = row_plan_columns(plan, state_indices_ptr, b, stride_state_indices)
     return planned_row(commit_len, source, record_row(record_indices_ptr, b, HAS_RECORD_INDICES), final, boundary,
                        recovery, null_slot, T)

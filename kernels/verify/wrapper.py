@@ -2,11 +2,11 @@
 
 Three designs, one module each, chosen by ``kernels.launch`` (docs/design.md §9):
 
-- ``kernels.verify_token_loop``: the window one token at a time on a state tile held in
+- ``kernels.verify.token_loop``: the window one token at a time on a state tile held in
   registers, for the fewest tokens;
-- ``kernels.verify_one_pass``: the window's matrix form in one kernel, every V-tile building
+- ``kernels.verify.one_pass``: the window's matrix form in one kernel, every V-tile building
   the window's operands, for few (row, head) pairs;
-- ``kernels.verify_two_kernels``: the key side once per (row, head), then one pipelined read
+- ``kernels.verify.two_kernels``: the key side once per (row, head), then one pipelined read
   of each state tile, for the rest.
 
 ``kda_recoverssm_flush_verify`` runs the token loop or the two kernels folding each row's
@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 
 from kernels.buffers import CommitPlan, KDARecoverSSMRecords
-from kernels.commit import fold_pending
+from kernels.commit.wrapper import fold_pending
 from kernels.contract import check_pending_args, check_verify_args
 from kernels.launch import Target, verify_config
-from kernels.verify_one_pass import launch_one_pass
-from kernels.verify_token_loop import launch_token_loop
-from kernels.verify_two_kernels import launch_two_kernels
-from kernels.verify_window import VerifyCall
+from kernels.verify.one_pass import launch_one_pass
+from kernels.verify.token_loop import launch_token_loop
+from kernels.verify.two_kernels import launch_two_kernels
+from kernels.verify.window import VerifyCall
 
 
 def _launch(call: VerifyCall, pending=None, plan: CommitPlan | None = None) -> None:

@@ -13,11 +13,11 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID
-from kernels.commit_row import CommitCall, commit_row
+from kernels.commit.fold import fold_recorded_token
+from kernels.commit.row import CommitCall, commit_row
 from kernels.dependent_launch import dependent_launch, start_tile_head_row
-from kernels.flush_plan import planned_flush_count
-from kernels.fold import fold_recorded_token
 from kernels.launch import CommitConfig
+from kernels.plan.flush_row import planned_flush_count
 from kernels.triton_math import head_decay_rate, record_row
 
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels.buffers import NULL_BLOCK_ID, CommitPlan
-from kernels.commit_row import row_plan_columns
+from kernels.commit.row import row_plan_columns
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
 
 _BLOCK_DIM = 512  # channels a program: at K3 (4608 channels) 9 programs a row and layer, each 3-6 KiB
@@ -62,7 +62,7 @@ def compact_conv_channels(conv_ref, address_table, slot_stride_table, dim_stride
                           BLOCK_DIM: tl.constexpr, BLOCK_HISTORY: tl.constexpr, CHUNKS: tl.constexpr):
     """A row's compaction on layer ``layer``, channels ``first_channel`` up to
     ``end_channel`` in ``CHUNKS`` chunks of ``BLOCK_DIM``, given its plan columns and source
-    slot (``kernels.commit_row.row_plan_columns``): a row that commits (``n > 0``, real
+    slot (``kernels.commit.row.row_plan_columns``): a row that commits (``n > 0``, real
     source and final slots) copies its source's entries ``n - 1 + j`` to the final slot's
     ``j``, and ``R - 1 + j`` to a real boundary slot's ``j``, ``j < history``. In each chunk
     every load precedes every store (the source may be either destination)."""

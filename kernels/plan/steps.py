@@ -1,13 +1,15 @@
-"""Commit plans: the stock plan, deferral into pending counts, and the flush (docs: 6, 7).
+"""Commit plans: the stock plan, deferral into pending counts, and the flush plan (docs: 6, 7).
 The deferred step's plan and deferral also run as one launch (``kda_recoverssm_plan_deferred``).
 
 Each step is a small integer kernel, ``_PLAN_BLOCK`` rows a program, writing into a
 ``CommitPlan`` allocated once; none allocates or synchronises, so a whole decode step can
-be captured in a CUDA graph. The documented raw kernels ``_defer_commit_kernel`` and
-``_prepare_flush_plan_kernel`` (one program per batch row, launched by engines themselves)
-share their row logic with the blocked kernels the wrappers launch (``defer_batch_rows``,
-``plan_flush_rows``). The documented flush plan kernel reads ``pending`` and never writes it;
-kda's own flush (``kda_recoverssm_flush``) consumes the counts it folds unless asked not to.
+be captured in a CUDA graph. The raw kernels ``defer_commit_kernel`` and
+``prepare_flush_plan_kernel`` (one program per batch row, launched by engines themselves, whose
+modules export them as the documented ``_defer_commit_kernel`` and ``_prepare_flush_plan_kernel``,
+docs/implementations.md) share their row logic with the blocked kernels the wrappers launch
+(``defer_batch_rows``, ``plan_flush_rows``). The flush plan kernel reads ``pending`` and never
+writes it; kda's own flush (``kernels.commit.flush``) consumes the counts it folds unless asked
+not to (``prepare_flush_plan``'s ``consume``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.buffers import NULL_BLOCK_ID, CommitPlan, KDARecoverSSMRecords
-from kernels.commit import kda_recoverssm_commit
-from kernels.contract import check_flush_args, check_pending_args, check_plan_args
+from kernels.buffers import NULL_BLOCK_ID, CommitPlan
+from kernels.contract import check_pending_args, check_plan_args
 from kernels.dependent_launch import await_prior_grid, dependent_launch, release_next_grid
-from kernels.flush_plan import store_flush_plan
+from kernels.plan.flush_row import store_flush_plan
 
 _PLAN_BLOCK = 128
 
@@ -41,7 +42,7 @@ def _commit_plan_kernel(
     DEPENDENT: tl.constexpr,
 ):
     """``BLOCK`` rows a program: the stock plan (docs/design.md §6); with ``DEFER``, then
-    ``defer_rows`` on it, as ``_defer_commit_kernel`` would after it. With
+    ``defer_rows`` on it, as ``defer_commit_kernel`` would after it. With
     ``HAS_REQUEST_INDICES``, a row's accepted count, ``num_computed`` and block-table row are
     those of request ``request_indices[b]``; with ``WRITES_SLOT_ROWS``, each row's slot is
     also stored to ``slot_rows[b]`` (records kept per slot, docs/design.md §10)."""
@@ -148,7 +149,7 @@ def plan_flush_rows(rows, in_batch, state_indices_ptr, record_rows_ptr, pending_
 
 @triton.heuristics({"HAS_EAGER": lambda args: args["eager_ptr"] is not None})
 @triton.jit
-def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
+def defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
                          null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr):
     """The documented defer kernel: grid ``(B,)``, one program per batch row. ``state_indices``
     int32 with row stride ``stride_state_indices``; ``commit_lens``, ``record_rows`` int32 [B];
@@ -163,7 +164,7 @@ def _defer_commit_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pe
 def _defer_commit_blocked_kernel(state_indices_ptr, commit_lens_ptr, record_rows_ptr, pending_ptr, eager_ptr,
                                  batch, null_block_id, stride_state_indices, HAS_EAGER: tl.constexpr,
                                  BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    """``_defer_commit_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``."""
+    """``defer_commit_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -172,7 +173,7 @@ def _defer_commit_blocked_kernel(state_indices_ptr, commit_lens_ptr, record_rows
 
 
 @triton.jit
-def _prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
+def prepare_flush_plan_kernel(state_indices_ptr, record_rows_ptr, pending_ptr, commit_lens_ptr,
                                final_state_indices_ptr, boundary_state_indices_ptr, boundary_recovery_lens_ptr,
                                null_block_id, stride_state_indices, SPEC_QUERY_LEN: tl.constexpr):
     """The documented flush plan kernel: grid ``(B,)``, one program per batch row; writes the
@@ -189,7 +190,7 @@ def _prepare_flush_plan_blocked_kernel(state_indices_ptr, record_rows_ptr, pendi
                                        boundary_recovery_lens_ptr, batch, null_block_id, stride_state_indices,
                                        SPEC_QUERY_LEN: tl.constexpr, CONSUME: tl.constexpr, BLOCK: tl.constexpr,
                                        DEPENDENT: tl.constexpr):
-    """``_prepare_flush_plan_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``;
+    """``prepare_flush_plan_kernel`` over ``BLOCK`` rows a program, grid ``(cdiv(batch, BLOCK),)``;
     with ``CONSUME`` it zeroes the counts it plans."""
     await_prior_grid(DEPENDENT)
     release_next_grid(DEPENDENT)
@@ -282,8 +283,8 @@ def kda_recoverssm_defer(plan: CommitPlan, state_indices, record_rows, pending, 
     )
 
 
-def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, spec_query_len: int,
-                        consume: bool) -> None:
+def prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, spec_query_len: int,
+                       consume: bool) -> None:
     """Fill ``plan`` to fold each row's pending records in place; ``consume`` zeroes the counts."""
     B = check_pending_args(state_indices, record_rows, pending, plan)
     if B == 0:
@@ -293,14 +294,3 @@ def _prepare_flush_plan(plan: CommitPlan, state_indices, record_rows, pending, s
         plan.boundary_state_indices, plan.boundary_recovery_lens, B, NULL_BLOCK_ID, state_indices.stride(0),
         SPEC_QUERY_LEN=spec_query_len, CONSUME=consume, BLOCK=_PLAN_BLOCK, **dependent_launch(state_indices.device),
     )
-
-
-def kda_recoverssm_flush(checkpoint_state, records: KDARecoverSSMRecords, A_log, dt_bias, lower_bound,
-                         state_indices, record_rows, pending, plan: CommitPlan, consume_pending: bool = True) -> None:
-    """Fold each row's pending records into its slot in place. kda's contract consumes each
-    count folded (zeroes it); ``consume_pending=False`` leaves ``pending`` as the documented
-    flush plan kernel does (docs/design.md §7)."""
-    check_flush_args(checkpoint_state, records, A_log, dt_bias, state_indices, record_rows, pending, plan)
-    _prepare_flush_plan(plan, state_indices, record_rows, pending, records.spec_query_len, consume_pending)
-    kda_recoverssm_commit(checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
-                          record_indices=record_rows)
