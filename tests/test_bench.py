@@ -150,7 +150,9 @@ def test_a_documented_surface_module_benches_and_the_run_says_what_ran_where(dev
 
 DESIGN_SPY = """import os
 import kernels
-from kernels import KDARecoverSSMRecords, _defer_commit_kernel, _prepare_flush_plan_kernel
+from kernels import KDARecoverSSMRecords
+from kernels import defer_commit_kernel as _defer_commit_kernel
+from kernels import prepare_flush_plan_kernel as _prepare_flush_plan_kernel
 
 SEEN = os.path.join(os.path.dirname(__file__), "seen.txt")
 
