@@ -1,5 +1,6 @@
 """The layout of ``traces/``: every module sits in a sub-package named for its stage, each
-stage says its job in an opening docstring, and stages import one way (no cycle)."""
+stage says its job in an opening docstring, and stages import one way (no cycle); inside each
+stage and inside ``kda_cli/``, modules import one way too."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 from pathlib import Path
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
+KDA_CLI = Path(__file__).resolve().parents[1] / "kda_cli"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -48,6 +50,17 @@ def stage_graph(root: Path) -> dict[str, set[str]]:
         targets = {stage_of(name, root) for name in imported_names(path, root)}
         graph.setdefault(own, set()).update(t for t in targets if t is not None and t != own)
     return graph
+
+
+def module_graph(root: Path, within: str | None = None) -> dict[str, set[str]]:
+    """Module -> the other modules under ``root`` it imports (``imported_names``: at any depth,
+    a package's ``__init__`` a module of its own), both among those under the dotted name
+    ``within`` (default: all of ``root``)."""
+    within = within or root.name
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    paths = {name: path for name, path in paths.items() if name == within or name.startswith(within + ".")}
+    return {name: {target for target in imported_names(path, root) if target in paths and target != name}
+            for name, path in paths.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -112,3 +125,30 @@ def test_the_checks_find_a_cycle_and_a_loose_module(tmp_path):
     (root / "flat.py").write_text("import traces.a.m\n")
     assert find_cycle(stage_graph(root)) == ["a", "b", "a"]
     assert loose_modules(root) == ["flat.py"]
+
+
+def test_kda_cli_modules_import_one_way():
+    graph = module_graph(KDA_CLI)
+    assert "kda_cli.commands.replay" in graph
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_modules_of_each_stage_import_one_way():
+    stages = sorted(p.name for p in TRACES.iterdir() if (p / "__init__.py").is_file())
+    for stage in stages:
+        graph = module_graph(TRACES, f"traces.{stage}")
+        assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_module_graph_finds_a_cycle_through_a_function_level_import(tmp_path):
+    root = tmp_path / "kda_cli"
+    (root / "commands").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "commands" / "__init__.py").write_text("")
+    (root / "commands" / "a.py").write_text("def f():\n    from kda_cli.commands.b import X\n")
+    (root / "commands" / "b.py").write_text("from .a import f\nX = 1\n")
+    (root / "commands" / "c.py").write_text("from kda_cli.commands import a\n")
+    graph = module_graph(root)
+    assert graph["kda_cli.commands.c"] == {"kda_cli.commands", "kda_cli.commands.a"}
+    assert find_cycle(graph) == ["kda_cli.commands.a", "kda_cli.commands.b", "kda_cli.commands.a"]
+    assert find_cycle(module_graph(root, "kda_cli.commands.c")) is None
