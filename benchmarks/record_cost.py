@@ -77,10 +77,8 @@ def main() -> None:
             with record_trace(Path(tmp) / "cost.safetensors", kernels) as api:
                 step(api)
                 recorded = _median_ms(lambda: step(api), 10)
-                detect = api._watch  # the fingerprints and copies it keeps
-                kept = sum(t.numel() * t.element_size() for t in detect._prints.values()) + \
-                    sum(t.numel() * t.element_size() for t in detect._copies.values())
-                shard_bytes = api.bytes / max(api.events, 1)
+                kept = api.recording.watch.nbytes()  # the fingerprints and copies it keeps
+                shard_bytes = api.recording.bytes / max(api.events, 1)
         rows.append({"batch": B, "fingerprint_ms": fp, "step_ms": plain, "recorded_step_ms": recorded,
                      "watch_bytes": kept, "shard_bytes_per_event": shard_bytes})
         print(f"B={B:4d}  fingerprints of the batch's slots and rows {fp:7.3f} ms  "

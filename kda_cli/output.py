@@ -19,6 +19,9 @@ from typing import Any, Callable, Iterator, Sequence
 LINE_SECONDS = 5.0
 """Least time between two progress lines outside a terminal."""
 
+PIPE_WIDTH = 160
+"""Columns of a replay's human report written to a file or a pipe: tables are not truncated."""
+
 
 def make_console(stderr: bool = False, pipe_width: int | None = None):
     """A rich console on stdout (or stderr) that honours ``NO_COLOR``, never highlights and

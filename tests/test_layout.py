@@ -1,9 +1,9 @@
 """The layout of ``traces/``: every module sits in a sub-package named for its stage, each
-stage says its job in an opening docstring, and stages import one way (no cycle). The layout
-of ``kernels/``: an op's modules sit in its sub-package, each saying its job in an opening
-docstring; at the top only the modules every op shares (``KERNELS_SHARED``); no import cycle
-among sub-packages and shared modules nor among modules; nothing from ``traces/`` or
-``kda_cli/``."""
+stage says its job in an opening docstring, and stages import one way (no cycle); inside each
+stage and inside ``kda_cli/``, modules import one way too. The layout of ``kernels/``: an op's
+modules sit in its sub-package, each saying its job in an opening docstring; at the top only
+the modules every op shares (``KERNELS_SHARED``); no import cycle among sub-packages and shared
+modules nor among modules; nothing from ``traces/`` or ``kda_cli/``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ KERNELS_SHARED = ["buffers.py", "capability.py", "commit_rules.py", "contract.py
 """What every op shares at ``kernels/``'s top: buffers, the device's capability, the commit
 rules and record rows the contract checks, the argument checks, dependent launches, the
 interpreter's patch, the decision table, the torch reference and the Triton math."""
+KDA_CLI = Path(__file__).resolve().parents[1] / "kda_cli"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -62,6 +63,17 @@ def stage_graph(root: Path) -> dict[str, set[str]]:
     return graph
 
 
+def module_graph(root: Path, within: str | None = None) -> dict[str, set[str]]:
+    """Module -> the other modules under ``root`` it imports (``imported_names``: at any depth,
+    a package's ``__init__`` a module of its own), both among those under the dotted name
+    ``within`` (default: all of ``root``)."""
+    within = within or root.name
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    paths = {name: path for name, path in paths.items() if name == within or name.startswith(within + ".")}
+    return {name: {target for target in imported_names(path, root) if target in paths and target != name}
+            for name, path in paths.items()}
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None when it is acyclic."""
     done: set[str] = set()
@@ -95,21 +107,6 @@ def loose_modules(root: Path) -> list[str]:
         if len(relative.parts) < 2 or not (root / relative.parts[0] / "__init__.py").is_file():
             loose.append(str(relative))
     return loose
-
-
-def module_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the other modules under ``root`` it imports (each imported name resolved to
-    the module it lies in); the package ``root`` itself is left out, as a module and a target."""
-    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
-    del paths[root.name]
-
-    def module_of(name: str) -> str | None:
-        while name and name not in paths:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    return {name: {target for target in map(module_of, imported_names(path, root)) if target not in (None, name)}
-            for name, path in paths.items()}
 
 
 def test_every_module_sits_in_a_stage():
@@ -176,3 +173,30 @@ def test_the_module_graph_finds_a_cycle_inside_a_package(tmp_path):
     (root / "op" / "b.py").write_text("from .a import y\n")
     assert find_cycle(stage_graph(root)) is None
     assert find_cycle(module_graph(root)) == ["kernels.op.a", "kernels.op.b", "kernels.op.a"]
+
+
+def test_kda_cli_modules_import_one_way():
+    graph = module_graph(KDA_CLI)
+    assert "kda_cli.commands.replay" in graph
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_modules_of_each_stage_import_one_way():
+    stages = sorted(p.name for p in TRACES.iterdir() if (p / "__init__.py").is_file())
+    for stage in stages:
+        graph = module_graph(TRACES, f"traces.{stage}")
+        assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_module_graph_finds_a_cycle_through_a_function_level_import(tmp_path):
+    root = tmp_path / "kda_cli"
+    (root / "commands").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "commands" / "__init__.py").write_text("")
+    (root / "commands" / "a.py").write_text("def f():\n    from kda_cli.commands.b import X\n")
+    (root / "commands" / "b.py").write_text("from .a import f\nX = 1\n")
+    (root / "commands" / "c.py").write_text("from kda_cli.commands import a\n")
+    graph = module_graph(root)
+    assert graph["kda_cli.commands.c"] == {"kda_cli.commands", "kda_cli.commands.a"}
+    assert find_cycle(graph) == ["kda_cli.commands.a", "kda_cli.commands.b", "kda_cli.commands.a"]
+    assert find_cycle(module_graph(root, "kda_cli.commands.c")) is None

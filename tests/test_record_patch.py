@@ -15,8 +15,9 @@ import torch
 
 from tests.trace_helpers import run_kda
 from traces.format.io import read_trace
+from traces.record.capture import CAPTURED_NOTE
 from traces.record.patch import BOOT_DIR
-from traces.record.recorder import CAPTURED_NOTE, record_trace
+from traces.record.recorder import record_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(REPO / "tests" / "engine_script.py")

@@ -13,16 +13,13 @@ import typer
 
 from kda_cli.options import check_format, force_option, parse_ints, parse_range, parse_tolerances, resolve_range
 from kda_cli.output import (
-    Progress, duration, emit, implementation_prints, make_console, note, plural, printable, routes_text,
+    PIPE_WIDTH, Progress, duration, emit, implementation_prints, make_console, note, plural, printable, routes_text,
 )
 from kda_cli.runtime import EXIT_MISMATCH, EXIT_RUNTIME, CommandError, bad_input, interrupted, select_device
 from kda_cli.sample import trace_path
 
 MAX_DETAILED = 10
 """Failing tensors shown with their first and worst element in the human report."""
-
-PIPE_WIDTH = 160
-"""Columns of the human report written to a file or a pipe: tables are not truncated."""
 
 HINT_SECONDS = 30.0
 """An interpreter run estimated longer than this gets the hint to replay through the reference."""

@@ -11,9 +11,8 @@ from typing import Optional
 
 import typer
 
-from kda_cli.commands.replay import PIPE_WIDTH
 from kda_cli.options import output_file
-from kda_cli.output import emit, implementation_prints, make_console, plural, printable
+from kda_cli.output import PIPE_WIDTH, emit, implementation_prints, make_console, plural, printable
 from kda_cli.runtime import CommandError, bad_input, interrupted, select_device
 
 MARKS = {"passed": "[green]PASS[/]", "mismatch": "[red]FAIL[/]", "raised": "[red]RAISED[/]",

@@ -27,9 +27,10 @@ def start_run(config: BenchConfig, device: str, progress: Callable[[str], None])
 
 
 def impl_routes(impls: dict, ops: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
-    """Per implementation spec: op -> the implementation it runs through (``traces.impl.surface``),
-    and with ``commit-context`` among ``ops``, the commit context it runs."""
-    from traces.impl.surface import op_routes
+    """Per implementation spec: op -> the implementation it runs through
+    (``traces.impl.loader.op_routes``), and with ``commit-context`` among ``ops``, the commit
+    context it runs."""
+    from traces.impl.loader import op_routes
     from traces.format.commit_context import commit_context_type
 
     routes = {spec: op_routes(impl, spec) for spec, impl in impls.items()}

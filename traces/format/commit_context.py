@@ -12,12 +12,9 @@ buffer, so that the plan a ``commit_layers`` event leaves is the trace's like an
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from traces.format.schema import ConvSpec
-
-if TYPE_CHECKING:
-    from traces.format.tape import Buffers
 
 
 def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
@@ -35,11 +32,12 @@ def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
     return KDARecoverSSMCommitContext, "triton (kernels.context.engine)"
 
 
-def open_commit_context(impl, layers: list[Buffers], conv: ConvSpec, spec_query_len: int,
+def open_commit_context(impl, layers: list, conv: ConvSpec, spec_query_len: int,
                         lower_bound: float | None, records: str = "slot", rule: str = "kda"):
-    """A commit context over the replay's ``layers`` (each with its conv state pool), for
-    windows of ``spec_query_len`` tokens and batches of up to the shared plan's rows, keeping
-    ``records`` under ``rule`` (``kernels.commit_rules``); its plan is that shared plan.
+    """A commit context over the replay's ``layers`` (one ``traces.format.tape.Buffers`` a
+    layer, each with its conv state pool), for windows of ``spec_query_len`` tokens and batches
+    of up to the shared plan's rows, keeping ``records`` under ``rule``
+    (``kernels.commit_rules``); its plan is that shared plan.
     Raises ``ValueError`` when the context class cannot take them."""
     from kernels.context.engine import CommitLayer
 
@@ -72,10 +70,10 @@ def context_options(context_type, records: str, rule: str) -> dict[str, str]:
 
 class CommitContexts:
     """The commit contexts a played trace runs its ``commit_layers`` events through, over
-    ``layers``: one for each ``(records, rule)`` the events name (kda's where absent), opened
-    (``open_commit_context``) when first needed."""
+    ``layers`` (one ``traces.format.tape.Buffers`` a layer): one for each ``(records, rule)``
+    the events name (kda's where absent), opened (``open_commit_context``) when first needed."""
 
-    def __init__(self, impl, layers: list[Buffers], conv: ConvSpec, spec_query_len: int, lower_bound: float | None):
+    def __init__(self, impl, layers: list, conv: ConvSpec, spec_query_len: int, lower_bound: float | None):
         self.impl, self.layers, self.conv = impl, layers, conv
         self.spec_query_len, self.lower_bound = spec_query_len, lower_bound
         self.opened: dict[tuple[str, str], Any] = {}

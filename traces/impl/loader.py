@@ -95,6 +95,13 @@ def load_impl(spec: str, option: str = "--impl") -> ModuleType | SurfaceImpl | R
     return module
 
 
+def op_routes(impl, name: str) -> dict[str, str]:
+    """Op -> the implementation it runs through: ``impl.routes`` for a ``SurfaceImpl`` or a
+    ``ReleaseImpl``, else ``name`` for every op."""
+    routes = getattr(impl, "routes", None)
+    return dict(routes) if isinstance(routes, dict) else {op: name for op in API}
+
+
 def names_a_file(spec: str) -> bool:
     """Whether ``spec`` names a ``.py`` file rather than a module."""
     return spec.endswith(".py") or "/" in spec or "\\" in spec

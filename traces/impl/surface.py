@@ -90,23 +90,15 @@ class SurfaceImpl:
             pending[record_rows[:B][live].long()] = 0
 
 
-def op_routes(impl, name: str) -> dict[str, str]:
-    """Op -> the implementation it runs through: ``impl.routes`` for a ``SurfaceImpl`` or a
-    ``ReleaseImpl``, else ``name`` for every op."""
-    from traces.impl.loader import API
-
-    routes = getattr(impl, "routes", None)
-    return dict(routes) if isinstance(routes, dict) else {op: name for op in API}
-
-
 _ROUTE_PART = re.compile(r"(.*) \(([^()]*)\)")
 """A route's part: ``NAME`` or ``NAME (function)``; a route is one part or two joined by ``" + "``."""
 
 
 def routes_by_implementation(routes: dict[str, str]) -> dict[str, list[str]]:
-    """``routes`` (op -> the implementation it runs through, ``op_routes``' words) turned
-    round: implementation -> its ops, in order, each with the function it runs in parentheses
-    where the route names one (``flush (commit)``); an op of a two-part route is under both."""
+    """``routes`` (op -> the implementation it runs through, ``traces.impl.loader.op_routes``'
+    words) turned round: implementation -> its ops, in order, each with the function it runs in
+    parentheses where the route names one (``flush (commit)``); an op of a two-part route is
+    under both."""
     grouped: dict[str, list[str]] = {}
     for op, route in routes.items():
         for part in route.split(" + "):

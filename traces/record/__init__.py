@@ -1,8 +1,11 @@
-"""Recording the kernel calls of a live process into a trace: the recorder (``recorder``),
-the bookkeeping of its events (``events``), the writes it finds between calls (``watch``),
-its shards and their merge (``shards``), recording an unedited program by patching its
-modules (``patch``, started in the child by ``boot/sitecustomize.py``), and ``kda record
-run`` (``run``).
+"""Recording the kernel calls of a live process into a trace: the trace being recorded, the
+one interface the other parts call (``events``), the kernel API recorded (``recorder``), a
+CUDA graph capture passed through (``capture``), the writes it finds between calls
+(``watch``), its shards and their merge (``shards``), recording an unedited program by
+patching its modules (``patch``, started in the child by ``boot/sitecustomize.py``) through
+its parts: the import hook (``import_hook``), the program's calls as made (``program_call``),
+layer routing (``routing``), the raw kernels' launches and flush pairing (``launches``) and a
+commit context (``commit_context``); and ``kda record run`` (``run``).
 
 A program records through ``traces.record.api()``, ``traces.record.record_trace(path)`` or
 ``traces.record.Recorder``; each is loaded with ``recorder`` (and torch) on first use.

@@ -2,7 +2,8 @@
 ``commit_layers`` event (docs/recording.md, docs/trace-format.md).
 
 A module's ``KDARecoverSSMCommitContext`` (kda's ``kernels.context.engine`` surface) is
-patched in place (``traces.record.patch``). ``create(layers, spec_query_len, max_num_reqs,
+patched in place (``traces.record.patch``), its ``create`` and ``commit`` calls recorded by
+``ContextRecording``. ``create(layers, spec_query_len, max_num_reqs,
 conv_dim_first=...)`` tells the recorder the model's layers: layer ``i`` of the context is
 trace layer ``i``, its ``kv_cache = (conv_state, checkpoint_state, correction, key_gate)``,
 ``A_log`` and ``dt_bias`` are bound to it, its conv state layout comes from
@@ -41,8 +42,12 @@ import torch
 
 from traces.format.schema import PLAN_FIELDS
 from traces.impl.release import RECORDS, RULE, is_release_context
-from traces.record.program_call import ProgramCall
-from traces.record.recorder import capturing, same_tensor, written_slots
+from traces.record.capture import capturing
+from traces.record.events import Recording, same_tensor
+from traces.record.launches import FlushPairing
+from traces.record.program_call import Nesting, ProgramCall, guarded
+from traces.record.recorder import written_slots
+from traces.record.routing import LayerRouter
 
 CUTE_NOTE = ("verify: the release's CuTe backend (SM10x, bf16 state) verifies through CuteRecoverSSMVerify, outside "
              "the patched module, so no verify is recorded (its records are writes) and only the commits are checked; "
@@ -55,12 +60,15 @@ COMMIT_ARGS = ("num_accepted_tokens", "state_indices", "query_start_loc")
 ``block_table``, ``num_computed_tokens`` and ``mamba_block_size``."""
 
 
-class CommitContextRecording:
-    """What ``traces.record.patch.PatchRecorder`` does with a commit context (module docstring).
-    Needs the recorder's ``chosen`` layers, ``_depth``, ``route`` machinery, ``guarded`` and
-    event API."""
+class ContextRecording:
+    """What a recording does with a commit context (module docstring): ``create`` and ``commit``
+    are the patched class's, called with the program's arguments. It records into
+    ``recording`` on the layers ``router`` routes, leaves alone what the program calls while
+    ``nesting`` says one of its calls is recorded, and drops a flush plan still waiting in
+    ``flushes`` (``traces.record.launches.FlushPairing``) when a commit comes."""
 
-    def init_context_recording(self) -> None:
+    def __init__(self, recording: Recording, router: LayerRouter, nesting: Nesting, flushes: FlushPairing):
+        self.recording, self.router, self.nesting, self.flushes = recording, router, nesting, flushes
         self._contexts: dict[int, tuple] = {}  # bound context id -> (its plan, the columns it mirrors, event attrs)
         self._in_commit: str | None = None  # the context commit running, while it runs
         self._unrepresentable: str | None = None
@@ -72,26 +80,22 @@ class CommitContextRecording:
             self._unrepresentable = (f"{name} launched inside {self._in_commit}: the commit_layers event of trace "
                                      "format v2 holds no defer or flush plan")
 
-    def _stop(self, reason: str) -> None:
-        if self.stopped is None:
-            self.stopped = reason
-            print(f"kda record: recording stopped: {reason}", file=sys.stderr)
-
     # -- create -----------------------------------------------------------------------
 
-    def create_context(self, create, klass, args: tuple, kwargs: dict):
+    def create(self, create, klass, args: tuple, kwargs: dict):
         """``klass.create(*args, **kwargs)`` through ``create`` (the class's own function),
         its layers bound to the trace."""
         context = create(klass, *args, **kwargs)
-        if self._depth:
+        if self.nesting:
             return context
-        if self.chosen is None or self.closed or self.stopped:
-            self.skip("commit_context")
+        recording = self.recording
+        if self.router.chosen is None or recording.closed or recording.stopped:
+            recording.skip("commit_context")
             return context
         try:
             self._read_context(create, klass, context, args, kwargs)
         except Exception as exc:  # the recorder's own failure: the program goes on with its context
-            self._stop(f"{klass.__name__}.create: the recorder failed ({type(exc).__name__}: {exc})")
+            recording.stop(f"{klass.__name__}.create: the recorder failed ({type(exc).__name__}: {exc})")
         return context
 
     def _read_context(self, create, klass, context, args: tuple, kwargs: dict) -> None:
@@ -104,11 +108,12 @@ class CommitContextRecording:
             if conv_dim_first is None and callable(create.__globals__.get("is_conv_state_dim_first")):
                 conv_dim_first = bool(create.__globals__["is_conv_state_dim_first"]())
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            self._stop(f"{klass.__name__}.create: its layers cannot be read as kda's ({type(exc).__name__}: {exc})")
+            self.recording.stop(f"{klass.__name__}.create: its layers cannot be read as kda's "
+                                f"({type(exc).__name__}: {exc})")
             return
         release = is_release_context(klass)
         if a.get("backend") == "cute":
-            self.provenance.setdefault("not_recorded", []).append(CUTE_NOTE)
+            self.recording.provenance.setdefault("not_recorded", []).append(CUTE_NOTE)
             print(f"kda record: {CUTE_NOTE}", file=sys.stderr)
         attrs = {"records": RECORDS, "rule": RULE} if release else {}
         self._bind_context(context, models, spec_query_len, conv_dim_first, attrs)
@@ -117,86 +122,89 @@ class CommitContextRecording:
                       attrs: dict[str, str]) -> None:
         """Bind the context's layers (``_layer_fields`` of each) to trace layers 0.., or stop;
         ``attrs``: those of its ``commit_layers`` events."""
-        if self.chosen != "all" and len(models) > 1:
-            self._stop(f"a commit context holds {len(models)} layers and --layers {','.join(map(str, self.chosen))} "
-                       "chose some: record it with --layers all")
+        recording, router = self.recording, self.router
+        if router.chosen != "all" and len(models) > 1:
+            recording.stop(f"a commit context holds {len(models)} layers and --layers "
+                           f"{','.join(map(str, router.chosen))} chose some: record it with --layers all")
             return
         plan, mirrored = context_plan(context)
         if plan is None:
-            self._stop(f"{type(context).__name__} has no plan (context.plan, or columns of its own, "
-                       f"{', '.join(PLAN_FIELDS)})")
+            recording.stop(f"{type(context).__name__} has no plan (context.plan, or columns of its own, "
+                           f"{', '.join(PLAN_FIELDS)})")
             return
         for i, (kv_cache, A_log, dt_bias, lower_bound) in enumerate(models):
             conv, pool = kv_cache[0], kv_cache[1]
-            if self.model_layer("checkpoint_state", pool) != i:
-                self._stop(f"layer {i} of the commit context was used as layer "
-                           f"{self.model_layer('checkpoint_state', pool)} before it was created")
+            if router.model_layer("checkpoint_state", pool) != i:
+                recording.stop(f"layer {i} of the commit context was used as layer "
+                               f"{router.model_layer('checkpoint_state', pool)} before it was created")
                 return
             dim_first = conv_dim_first if conv_dim_first is not None else conv.shape[1] >= conv.shape[2]
             entries = conv.shape[2] if dim_first else conv.shape[1]
             if conv.dtype != kv_cache[3].dtype:
-                self._stop(f"layer {i}'s conv state is {conv.dtype}, its activations {kv_cache[3].dtype}: a trace "
-                           "keeps conv state in the activation dtype")
+                recording.stop(f"layer {i}'s conv state is {conv.dtype}, its activations {kv_cache[3].dtype}: a "
+                               "trace keeps conv state in the activation dtype")
                 return
-            if self.trace_layer(i) is None:
-                self._stop(f"the commit context's layer {i} is not among --layers {','.join(map(str, self.chosen))}")
+            if router.trace_layer(i) is None:
+                recording.stop(f"the commit context's layer {i} is not among --layers "
+                               f"{','.join(map(str, router.chosen))}")
                 return
-            self.select_layer(self.trace_layer(i))
+            recording.select_layer(router.trace_layer(i))
             bind = {"checkpoint_state": pool, "records.correction": kv_cache[2], "records.key_gate": kv_cache[3],
                     "A_log": A_log, "dt_bias": dt_bias, "conv_state": conv,
                     **{f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}}
-            unlike = [role for role, t in bind.items() if role in self._bound and not same_tensor(self._bound[role], t)]
-            if unlike or self._lower_bound not in (None, (lower_bound,)):
-                self._stop(f"layer {i} of the commit context is not the layer {i} recorded before it was created "
-                           f"({', '.join(unlike) or 'gate_lower_bound'} differs)")
+            bound = recording.bound
+            unlike = [role for role, t in bind.items() if role in bound and not same_tensor(bound[role], t)]
+            if unlike or recording.lower_bound not in (None, (lower_bound,)):
+                recording.stop(f"layer {i} of the commit context is not the layer {i} recorded before it was "
+                               f"created ({', '.join(unlike) or 'gate_lower_bound'} differs)")
                 return
-            differs = self._unlike_other_layers(bind)
+            differs = recording.unlike_other_layers(bind)
             if differs is not None:
-                self._stop(differs)
+                recording.stop(differs)
                 return
             for role, t in bind.items():
-                self._bind(role, t)
-            self.bind_conv(conv, "dim_first" if dim_first else "token_first", entries - spec_query_len + 2)
-            if self._lower_bound is None:
-                self._lower_bound = (lower_bound,)
+                recording.bind(role, t)
+            recording.bind_conv(conv, "dim_first" if dim_first else "token_first", entries - spec_query_len + 2)
+            if recording.lower_bound is None:
+                recording.lower_bound = (lower_bound,)
         self._contexts[id(context)] = (plan, mirrored, attrs)
 
     # -- commit -----------------------------------------------------------------------
 
-    def commit_context(self, commit, context, args: tuple, kwargs: dict):
+    def commit(self, commit, context, args: tuple, kwargs: dict):
         """``context.commit(*args, **kwargs)`` through ``commit`` (the class's own function):
         one ``commit_layers`` event when the context is bound to the trace."""
-        if self._depth:
+        recording = self.recording
+        if self.nesting:
             return commit(context, *args, **kwargs)
         if capturing():
-            self.skip("captured")
+            recording.skip("captured")
             return commit(context, *args, **kwargs)
-        if id(context) not in self._contexts or self.closed or self.stopped or "commit" not in self.ops:
-            self.skip("commit_context")
+        if id(context) not in self._contexts or recording.closed or recording.stopped or "commit" not in recording.ops:
+            recording.skip("commit_context")
             return commit(context, *args, **kwargs)
         try:
             a = _arguments(commit, context, args, kwargs)
         except TypeError as exc:  # the call itself will say how it does not bind
-            self._stop(f"{type(context).__name__}.commit: {exc}")
+            recording.stop(f"{type(context).__name__}.commit: {exc}")
             return commit(context, *args, **kwargs)
         need = COMMIT_ARGS + (("mamba_block_size",) if a.get("block_table") is not None else ())
         missing = [name for name in need if not isinstance(a.get(name), torch.Tensor | int)]
         if missing:
-            self._stop(f"{type(context).__name__}.commit: no {', '.join(missing)} among its arguments (kda's names)")
+            recording.stop(f"{type(context).__name__}.commit: no {', '.join(missing)} among its arguments "
+                           "(kda's names)")
             return commit(context, *args, **kwargs)
         B = a["state_indices"].shape[0]
         if B == 0:
             return commit(context, *args, **kwargs)
-        self._drop_flush()
-        self._depth += 1
+        self.flushes.drop()
         call = ProgramCall(commit, (context, *args), kwargs)
-        try:
-            return self.guarded(f"{type(context).__name__}.commit", call,
-                                lambda: self._record_commit(call, context, a, B))
-        finally:
-            self._depth -= 1
+        with self.nesting:
+            return guarded(recording, f"{type(context).__name__}.commit", call,
+                           lambda: self._record_commit(call, context, a, B))
 
     def _record_commit(self, call: ProgramCall, context, a: dict, B: int):
+        recording = self.recording
         state_indices, block_table = a["state_indices"], a.get("block_table")
         requests = a.get("request_indices")
         plan, mirrored, context_attrs = self._contexts[id(context)]
@@ -209,27 +217,30 @@ class CommitContextRecording:
             touched = torch.cat([touched, block_table.reshape(-1).to(touched.device, touched.dtype)])
         by_row = context_attrs.get("records") == RECORDS
         rows = torch.arange(B, dtype=torch.int32, device=state_indices.device) if by_row else state_indices
-        layers = list(range(len(self._books)))
-        event = self._begin("commit_layers", inputs, attrs, touched, rows, {}, self._lower_bound, layers=layers)
+        layers = list(range(recording.layers))
+        event = recording.begin("commit_layers", inputs, attrs, touched, rows, {}, recording.lower_bound,
+                                layers=layers)
         self._in_commit, self._unrepresentable = f"{type(context).__name__}.commit", None
         try:
-            result = self._call(event, call)
+            result = recording.call(event, call)
             for field, column in (mirrored or {}).items():  # the plan the commit left, in the trace's copy
                 getattr(plan, field)[:B].copy_(column[:B])
         finally:
             self._in_commit = None
         if self._unrepresentable is not None:
-            self._discard(event)
-            self._stop(self._unrepresentable)
+            recording.discard(event)
+            recording.stop(self._unrepresentable)
             return result
         slots = written_slots(plan, state_indices, rows)
-        pools = [self._books[i].bound["checkpoint_state"] for i in layers]
-        convs = [self._books[i].bound["conv_state"] for i in layers]
-        history = self._conv["width"] - 1
-        windows = [c[slots.to(c.device)][:, :, :history] if self._conv["layout"] == "dim_first"
+        pools = [recording.bound_on(i)["checkpoint_state"] for i in layers]
+        convs = [recording.bound_on(i)["conv_state"] for i in layers]
+        conv = recording.conv
+        history = conv["width"] - 1
+        windows = [c[slots.to(c.device)][:, :, :history] if conv["layout"] == "dim_first"
                    else c[slots.to(c.device)][:, :history] for c in convs]
-        self._end(event, {"slots": slots.to(torch.int32), "states": torch.stack([p[slots.to(p.device)] for p in pools]),
-                          "conv_windows": torch.stack(windows)})
+        recording.end(event, {"slots": slots.to(torch.int32),
+                              "states": torch.stack([p[slots.to(p.device)] for p in pools]),
+                              "conv_windows": torch.stack(windows)})
         return result
 
 
@@ -273,4 +284,4 @@ def _layer_fields(layer) -> tuple[tuple, Any, Any, Any]:
     return tuple(kv_cache), A_log, dt_bias, lower_bound
 
 
-__all__ = ["CommitContextRecording"]
+__all__ = ["COMMIT_ARGS", "CUTE_NOTE", "ContextRecording", "context_plan"]

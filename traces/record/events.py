@@ -1,13 +1,19 @@
-"""The events of a trace being recorded: buffers, first-seen snapshots, shards.
+"""The trace being recorded (``Recording``): its events, buffers, first-seen snapshots, shards.
 
-``EventRecorder`` keeps what a trace needs, whatever the calls that feed it (``Recorder``
-maps the kernel API onto it, ``traces.record.patch.PatchRecorder`` patched modules): the buffers
-it binds per trace layer (the first pool, records, pending counts, plan, parameters and
-conv state seen, by role), the first-seen contents of the regions each event touches (state
-slots, record rows and conv state slots; small buffers whole; whole pools with
-``snapshot="all"``), the caps, and one pair of shards an event under ``<path>.shards``. An event is ``_begin`` (inputs and snapshots, written before the
-call), ``_call`` (the call; when it raises the event is undone) and ``_end`` (the expected
-results). ``close()`` merges the shards into the trace.
+``Recording`` is the one interface of the parts that read a program's calls (``recorder``,
+``patch``, ``launches``, ``routing``, ``commit_context`` of ``traces.record``): each makes
+events through its public methods alone.
+
+It keeps what a trace needs, whatever the calls that feed it: the buffers it binds per trace
+layer (the first pool, records, pending counts, plan, parameters and conv state seen, by
+role), the first-seen contents of the regions each event touches (state slots, record rows
+and conv state slots; small buffers whole; whole pools with ``snapshot="all"``), the caps,
+and one pair of shards an event under ``<path>.shards``. An event is ``begin`` (inputs and
+snapshots, written before the call), ``call`` (the call; when it raises the event is undone)
+and ``end`` (the expected results); ``discard`` undoes one begun. ``accepts`` says whether a
+call on given buffers is one of the trace's; ``skip`` counts a call passed through
+unrecorded, ``stop`` ends the recording (``stopped_by``). ``close()`` merges the shards into
+the trace.
 
 Whatever changed a region the trace has described since the last recorded call that
 touched it (the engine's own writes, calls left unrecorded) becomes a ``write`` event just
@@ -24,14 +30,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import torch
 
-from traces.record.watch import BufferWatch
-from traces.format.schema import KERNEL_OPS, NULL_ID, PLAN_FIELDS
-from traces.record.shards import MergeResult, RecordError, merge_shards, save_shard
+from traces.record.capture import CAPTURED_NOTE
+from traces.record.watch import WHOLE, BufferWatch
+from traces.format.schema import KERNEL_OPS, NULL_ID
+from traces.record.shards import (
+    MergeResult, RecordError, host_copy, merge_shards, save_shard, shards_dir, stale_shards,
+)
 from traces.format.validate import dtype_name
 
 SNAPSHOTS = ("touched", "all")
@@ -39,7 +48,7 @@ SNAPSHOTS = ("touched", "all")
 
 def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | None = None,
                   max_events: int | None = None, max_bytes: int | None = None) -> None:
-    """Raise ``RecordError`` for a recorder option out of range (``EventRecorder``'s options)."""
+    """Raise ``RecordError`` for a recorder option out of range (``Recording``'s options)."""
     if snapshot not in SNAPSHOTS:
         raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
     unknown = [op for op in ops or () if op not in KERNEL_OPS]
@@ -50,47 +59,30 @@ def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | 
             raise RecordError(f"{name} must be positive, got {cap}")
 
 
-def shards_dir(path: str | os.PathLike) -> Path:
-    """Where the shards of trace ``path`` are spilled: ``<path>.shards``."""
-    p = Path(path)
-    return p.with_name(p.name + ".shards")
+class Recording:
+    """The events of the trace ``path`` as they are recorded (see the module docstring).
 
-
-def stale_shards(path: str | os.PathLike) -> str:
-    """Why recording into ``path`` cannot start while ``shards_dir(path)`` exists, and what to do."""
-    shards = shards_dir(path)
-    return (f"{shards} holds the shards of a recording that never finished: "
-            f"kda record merge {shards} TRACE keeps its events; remove the folder to discard them")
-
-
-class EventRecorder:
-    """Records calls into ``impl`` as the events of the trace ``path`` (see the module docstring).
-
-    ``impl``: ``kernels`` by default, any spec ``traces.impl.loader.load_impl`` accepts, or a module
-    object. ``ops`` keeps only those ops (note: the buffers then change between kept events
-    without a record, so such a trace replays exactly only where nothing skipped touched
-    the same slots). ``max_events`` and ``max_bytes`` stop recording once reached (the
-    byte cap counts shard bytes; the event that crosses it is still completed).
+    ``impl``: the name of what the recorded calls run, for the provenance. ``ops`` keeps only
+    those ops (note: the buffers then change between kept events without a record, so such a
+    trace replays exactly only where nothing skipped touched the same slots). ``max_events``
+    and ``max_bytes`` stop recording once reached (the byte cap counts shard bytes; the event
+    that crosses it is still completed). Raises ``RecordError`` for an option out of range
+    (``check_options``) and while ``<path>.shards`` exists (``stale_shards``).
 
     Layers (format v2): each trace layer has a book of its own (bound buffers, regions seen);
     ``select_layer`` picks the one the next call is on, whose events carry the attr ``layer``.
     The plan is the trace's shared plan whichever layer's plan tensor a call passes: what the
     trace says is in it is one copy, and a layer's plan that differs from it is a ``write``.
+
+    Read by the parts: ``events``, ``skipped`` (by reason), ``stopped`` (why it ended, or
+    None), ``closed``, ``open_event`` (begun, not ended), ``ops``, ``provenance`` (they may add
+    to it), ``lower_bound`` (``(value,)`` once known), ``bytes`` (of shards), ``watch``.
     """
 
-    def __init__(self, path: str | os.PathLike, impl: str | ModuleType = "kernels", *, snapshot: str = "touched",
+    def __init__(self, path: str | os.PathLike, impl: str, *, snapshot: str = "touched",
                  ops: tuple[str, ...] | list[str] | None = None, max_events: int | None = None,
                  max_bytes: int | None = None):
         check_options(snapshot, ops, max_events, max_bytes)
-        if isinstance(impl, str):
-            from traces.impl.loader import ImplError, load_impl
-
-            try:
-                self.impl, impl_name = load_impl(impl), impl
-            except ImplError as exc:
-                raise RecordError(str(exc)) from None
-        else:
-            self.impl, impl_name = impl, impl.__name__
         self.path = Path(path)
         self.shards = shards_dir(self.path)
         if self.shards.exists():
@@ -101,28 +93,49 @@ class EventRecorder:
         self.events = self.calls = self.bytes = 0
         self.skipped: dict[str, int] = {}
         self.stopped: str | None = None
-        self.open_event: _Event | None = None  # begun, not yet ended
+        self.open_event: OpenEvent | None = None
         self.closed = False
+        self.lower_bound: tuple[float | None] | None = None
         self._books: list[_Book] = [_Book()]
         self._layer = 0
-        self._lower_bound: tuple[float | None] | None = None
         self._conv: dict[str, Any] | None = None
         self._seen_whole: set[str] = set()
         self._max_batch = 1
-        self._watch = BufferWatch()
+        self.watch = BufferWatch()
         from traces.format.provenance import trace_provenance
 
         self.provenance: dict[str, Any] = trace_provenance(
-            "kda record", command=shlex.join(sys.argv), impl=impl_name, snapshot=snapshot, ops=list(self.ops),
+            "kda record", command=shlex.join(sys.argv), impl=impl, snapshot=snapshot, ops=list(self.ops),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
 
-    def closing_provenance(self) -> dict[str, Any]:
-        """Provenance known only once recording ends (none here; see ``traces.record.patch``)."""
-        return {}
+    # -- layers and their buffers -----------------------------------------------------
+
+    @property
+    def layer(self) -> int:
+        """The trace layer the next calls are on."""
+        return self._layer
+
+    @property
+    def layers(self) -> int:
+        """How many trace layers the recording has (each made on first use)."""
+        return len(self._books)
+
+    @property
+    def bound(self) -> Mapping[str, torch.Tensor]:
+        """The current layer's bound buffers, by role (``bind`` adds to them)."""
+        return MappingProxyType(self._bound)
+
+    def bound_on(self, layer: int) -> Mapping[str, torch.Tensor]:
+        """Trace layer ``layer``'s bound buffers, by role."""
+        return MappingProxyType(self._books[layer].bound)
+
+    @property
+    def conv(self) -> dict[str, Any] | None:
+        """The trace's conv state (``layout``, ``dim``, ``width``), once ``bind_conv`` said it."""
+        return None if self._conv is None else dict(self._conv)
 
     @property
     def _bound(self) -> dict[str, torch.Tensor]:
-        """The current layer's bound buffers, by role."""
         return self._books[self._layer].bound
 
     def select_layer(self, layer: int) -> None:
@@ -131,29 +144,87 @@ class EventRecorder:
             self._books.append(_Book())
         self._layer = layer
 
+    def bind(self, role: str, tensor: torch.Tensor) -> None:
+        """Bind ``tensor`` as the current layer's ``role`` buffer, unless one is bound already."""
+        self._bound.setdefault(role, tensor)
+
     def bind_conv(self, conv_state: torch.Tensor, layout: str, width: int) -> None:
         """Bind the current layer's conv state pool (``[N, dim, S]`` for ``dim_first``, ``[N, S,
         dim]`` for ``token_first``) of convolution ``width``: the trace then has conv state."""
-        self._bind("conv_state", conv_state)
+        self.bind("conv_state", conv_state)
         self._conv = {"layout": layout, "dim": int(conv_state.shape[1 if layout == "dim_first" else 2]),
                       "width": int(width)}
 
-    def _key(self, role: str) -> str:
-        """The current layer's name for ``role`` in the watch and the first-seen set (the plan is shared)."""
-        return role if self._layer == 0 or role.startswith("plan.") else f"layers.{self._layer}.{role}"
+    # -- which calls are recorded -----------------------------------------------------
 
-    def _begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
-               bind: dict[str, torch.Tensor], lower_bound: tuple | None = None,
-               layers: list[int] | None = None) -> "_Event":
-        """Bind new buffers, record what changed since the trace last described the regions
-        this call touches (a ``write`` event), snapshot first-seen regions, write the inputs
-        shard. ``lower_bound`` is ``(value,)`` for ops that take one. ``layers``: the trace
-        layers a ``commit_layers`` event spans (their buffers bound before), whose regions
+    def accepts(self, op: str, bind: dict[str, torch.Tensor], lower_bound, spec_query_len,
+                lower_bound_used: bool = True) -> bool:
+        """Whether a call of ``op`` on the buffers ``bind`` (by role; ``lower_bound`` and
+        ``spec_query_len`` where it takes them) is recorded on the current layer: recording,
+        ``op`` kept, and the buffers the bound ones (else counted in ``skipped``). Buffers
+        unlike another layer's end the recording (``stopped``): the trace's layers share
+        their shapes."""
+        if self.closed or self.stopped or op not in self.ops:
+            self.skipped[op] = self.skipped.get(op, 0) + 1
+            return False
+        bound = self._bound
+        same = all(same_tensor(bound[r], t) for r, t in bind.items() if r in bound)
+        if lower_bound_used and self.lower_bound is not None:
+            same = same and self.lower_bound == (lower_bound,)
+        correction = bound.get("records.correction")
+        if spec_query_len is not None and correction is not None:
+            same = same and correction.shape[2] == spec_query_len
+        if not same:
+            self.skipped[op] = self.skipped.get(op, 0) + 1
+            return False
+        unlike = self.unlike_other_layers(bind)
+        if unlike is not None:  # the trace ends before this call
+            self.stop(unlike, quiet=True)
+            return False
+        return True
+
+    def unlike_other_layers(self, bind: dict[str, torch.Tensor]) -> str | None:
+        """Why the buffers ``bind`` cannot be the current layer's: another layer's buffer of the
+        same role has another shape or dtype (None when none has)."""
+        for role, t in bind.items():
+            for i, book in enumerate(self._books):
+                other = book.bound.get(role)
+                if other is not None and (other.shape, other.dtype) != (t.shape, t.dtype):
+                    return (f"layer {self._layer}'s {role} is {list(t.shape)} {t.dtype}, layer {i}'s "
+                            f"{list(other.shape)} {other.dtype}: the layers of a trace share their shapes")
+        return None
+
+    def skip(self, reason: str) -> None:
+        """Count a call passed through unrecorded under ``reason`` (``skipped_calls``); the
+        first ``captured`` one says on stderr how captured steps can be recorded
+        (``traces.record.capture``)."""
+        if reason == "captured" and "captured" not in self.skipped:
+            print(CAPTURED_NOTE, file=sys.stderr)
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def stop(self, reason: str, quiet: bool = False) -> None:
+        """End the recording before the call at hand (``stopped_by``; the first reason stays),
+        with one line on stderr unless ``quiet``."""
+        if self.stopped is None:
+            self.stopped = reason
+            if not quiet:
+                print(f"kda record: recording stopped: {reason}", file=sys.stderr)
+
+    # -- an event: begin, call, end ---------------------------------------------------
+
+    def begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
+              bind: dict[str, torch.Tensor], lower_bound: tuple | None = None,
+              layers: list[int] | None = None) -> "OpenEvent":
+        """Begin an event of ``op`` on the current layer: bind new buffers (``bind``, by role),
+        record what changed since the trace last described the regions this call touches
+        (``slots``, record ``rows``; a ``write`` event), snapshot first-seen regions, write the
+        inputs shard. ``lower_bound`` is ``(value,)`` for ops that take one. ``layers``: the
+        trace layers a ``commit_layers`` event spans (their buffers bound before), whose regions
         among ``slots`` it touches; their snapshots are named ``layers.<l>.snap.<role>``."""
-        undo = ([book.copy() for book in self._books], set(self._seen_whole), self._lower_bound)
+        undo = ([book.copy() for book in self._books], set(self._seen_whole), self.lower_bound)
         here = self._layer
         for role, t in bind.items():
-            self._bind(role, t)
+            self.bind(role, t)
         touched: dict[int, tuple[list[int], list[int], list[int]]] = {}
         for layer in ([here] if layers is None else layers):
             self.select_layer(layer)
@@ -163,7 +234,7 @@ class EventRecorder:
         tensors: dict[str, torch.Tensor] = {}
         for role, t in inputs.items():
             if t is not None:
-                tensors[f"in.{role}"] = _cpu(t)
+                tensors[f"in.{role}"] = host_copy(t)
         self._max_batch = max(self._max_batch, inputs["state_indices"].shape[0])
         regions = {}
         for layer, (s, r, c) in touched.items():
@@ -184,7 +255,7 @@ class EventRecorder:
         elif self.max_bytes is not None and self.bytes >= self.max_bytes:  # this event still completes
             self.stopped = "max_bytes"
         # the trace now describes what the call touches and what it saw for the first time
-        self.open_event = _Event(index, undo, regions, here)
+        self.open_event = OpenEvent(index, undo, regions, here)
         return self.open_event
 
     def _layer_attr(self, layers: list[int] | None) -> dict[str, int]:
@@ -192,31 +263,34 @@ class EventRecorder:
         an event that spans layers)."""
         return {"layer": self._layer} if layers is None and self._layer else {}
 
-    def _call(self, event: "_Event", run):
+    def call(self, event: "OpenEvent", run):
+        """``run()``, the call of ``event``: when it raises, the event is undone (``discard``,
+        counted as ``raised``) and the exception goes on."""
         try:
             return run()
         except BaseException:
             # the call raised: it is not an event of the trace
-            self._discard(event)
+            self.discard(event)
             self.skipped["raised"] = self.skipped.get("raised", 0) + 1
             raise
 
-    def _discard(self, event: "_Event") -> None:
+    def discard(self, event: "OpenEvent") -> None:
         """Undo ``event`` (begun, not ended): its shard removed, what it bound and saw forgotten."""
         (self.shards / f"{event.index:06d}.in.safetensors").unlink(missing_ok=True)
         self.open_event = None
         self.events -= 1
-        books, self._seen_whole, self._lower_bound, self.stopped, self.bytes, self._max_batch, self.calls = event.undo
+        books, self._seen_whole, self.lower_bound, self.stopped, self.bytes, self._max_batch, self.calls = event.undo
         self._books[:len(books)] = books
         self._layer = event.layer
 
-    def _end(self, event: "_Event", expected: dict[str, torch.Tensor]) -> None:
-        tensors = {f"expected.{role}": _cpu(t) for role, t in expected.items()}
+    def end(self, event: "OpenEvent", expected: dict[str, torch.Tensor]) -> None:
+        """Complete ``event`` with its ``expected`` results (by role) in its output shard."""
+        tensors = {f"expected.{role}": host_copy(t) for role, t in expected.items()}
         self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
         self.open_event = None
         for layer, region in event.regions.items():
             self.select_layer(layer)
-            self._note(*region)
+            self.watch.note(self._bound, self._key, *region)
         self.select_layer(event.layer)
 
     # -- writes between the recorded calls -------------------------------------------
@@ -233,29 +307,9 @@ class EventRecorder:
 
     def _write_changes(self, slots: list[int], rows: list[int], conv: list[int]) -> None:
         """A ``write`` event (on the current layer) holding every region among ``slots``,
-        ``rows``, ``conv`` and the small buffers whose contents differ from what the trace
-        says; none when nothing does."""
-        watch, bound, key = self._watch, self._bound, self._key
-        tensors: dict[str, torch.Tensor] = {}
-        changed_slots: list[int] = []
-        changed_rows: list[int] = []
-        changed_conv: list[int] = []
-        if "checkpoint_state" in bound:
-            changed_slots = watch.changed_rows(key("checkpoint_state"), bound["checkpoint_state"], slots)
-        if changed_slots:
-            tensors.update(_rows_of("slots", {"states": bound["checkpoint_state"]}, changed_slots))
-        records = {role: bound[role] for role in ("records.correction", "records.key_gate") if role in bound}
-        if records:
-            changed_rows = sorted({r for role, buf in records.items() for r in watch.changed_rows(key(role), buf, rows)})
-        if changed_rows:
-            tensors.update(_rows_of("rows", records, changed_rows))
-        if "conv_state" in bound:
-            changed_conv = watch.changed_rows(key("conv_state"), bound["conv_state"], conv)
-        if changed_conv:
-            tensors.update(_rows_of("conv_slots", {"conv_states": bound["conv_state"]}, changed_conv))
-        changed_whole = [role for role in _WHOLE if role in bound and watch.changed_whole(key(role), bound[role])]
-        for role in changed_whole:
-            tensors[f"in.{role}"] = _cpu(bound[role])
+        ``rows``, ``conv`` and the whole buffers whose contents differ from what the trace
+        says (``BufferWatch.changes``); none when nothing does."""
+        tensors, changed = self.watch.changes(self._bound, self._key, slots, rows, conv)
         if not tensors:
             return
         index = self.events
@@ -263,33 +317,22 @@ class EventRecorder:
         self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
         self.bytes += save_shard(self.shards / f"{index:06d}.out.safetensors", {}, {"index": index})
         self.events += 1
-        self._note(changed_slots, changed_rows, changed_conv)
+        self.watch.note(self._bound, self._key, *changed)
 
-    def _note(self, slots: list[int], rows: list[int], conv: list[int]) -> None:
-        """The trace now describes ``slots``, ``rows``, ``conv`` slots and every bound small
-        buffer of the current layer as they are."""
-        watch, bound, key = self._watch, self._bound, self._key
-        for role, indices in (("checkpoint_state", slots), ("records.correction", rows),
-                              ("records.key_gate", rows), ("conv_state", conv)):
-            if role in bound:
-                watch.note_rows(key(role), bound[role], indices)
-        for role in _WHOLE:
-            if role in bound:
-                watch.note_whole(key(role), bound[role])
-
-    def _bind(self, name: str, tensor: torch.Tensor) -> None:
-        self._bound.setdefault(name, tensor)
+    def _key(self, role: str) -> str:
+        """The current layer's name for ``role`` in the watch and the first-seen set (the plan is shared)."""
+        return role if self._layer == 0 or role.startswith("plan.") else f"layers.{self._layer}.{role}"
 
     def _snapshots(self, slots, rows, lower_bound) -> dict[str, torch.Tensor]:
         """Copy the regions of the current layer's bound buffers this call sees for the first time."""
         out: dict[str, torch.Tensor] = {}
         book = self._books[self._layer]
-        for role in _WHOLE:
+        for role in WHOLE:
             if role in self._bound and self._key(role) not in self._seen_whole:
                 self._seen_whole.add(self._key(role))
-                out[f"snap.{role}"] = _cpu(self._bound[role])
-        if lower_bound is not None and self._lower_bound is None:
-            self._lower_bound = lower_bound
+                out[f"snap.{role}"] = host_copy(self._bound[role])
+        if lower_bound is not None and self.lower_bound is None:
+            self.lower_bound = lower_bound
         for role, (index_name, content_names), seen, low in (
                 ("checkpoint_state", ("slots", ("states",)), book.seen_slots, NULL_ID + 1),
                 ("records.correction", ("rows", ("records.correction", "records.key_gate")), book.seen_rows, 0),
@@ -304,7 +347,7 @@ class EventRecorder:
                 out[f"snap.{index_name}"] = index
                 for name in content_names:
                     source = self._bound[_SNAPSHOT_SOURCE.get(name, name)]
-                    out[f"snap.{name}"] = _cpu(source[index.to(source.device)])
+                    out[f"snap.{name}"] = host_copy(source[index.to(source.device)])
         return out
 
     def _first_sight(self, seen: set[int], indices, low: int, size: int) -> list[int]:
@@ -327,7 +370,7 @@ class EventRecorder:
             ctx.update(dims={"H": H, "K": K, "V": V, "T": corr.shape[2]}, num_slots=N, num_record_rows=corr.shape[0],
                        state_dtype=dtype_name(pool.dtype),
                        activation_dtype=dtype_name(shaped[0]["records.key_gate"].dtype),
-                       lower_bound=self._lower_bound[0] if self._lower_bound else None)
+                       lower_bound=self.lower_bound[0] if self.lower_bound else None)
         pending = [b.bound["pending"] for b in self._books if "pending" in b.bound]
         if pending:
             ctx["num_record_rows"] = pending[0].shape[0]
@@ -340,9 +383,10 @@ class EventRecorder:
             ctx["conv"] = dict(self._conv)
         return ctx
 
-    def close(self) -> MergeResult | None:
-        """Stop recording and merge the shards into ``path`` (then remove them). Returns
-        None when nothing was recorded. Raises ``RecordError`` (shards kept) when they
+    def close(self, provenance: dict[str, Any] | None = None) -> MergeResult | None:
+        """Stop recording and merge the shards into ``path`` (then remove them), the trace's
+        provenance completed with ``provenance`` (what is known only once recording ends).
+        Returns None when nothing was recorded. Raises ``RecordError`` (shards kept) when they
         cannot make a trace. Closing twice is a no-op."""
         if self.closed:
             return None
@@ -350,20 +394,12 @@ class EventRecorder:
         if self.events == 0:
             shutil.rmtree(self.shards, ignore_errors=True)
             return None
-        extra = {"skipped_calls": dict(self.skipped), "stopped_by": self.stopped, **self.closing_provenance()}
+        extra = {"skipped_calls": dict(self.skipped), "stopped_by": self.stopped, **(provenance or {})}
         result = merge_shards(self.shards, self.path, extra)
         shutil.rmtree(self.shards, ignore_errors=True)
         return result
 
-    def __enter__(self) -> "EventRecorder":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-_WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
-"""Bound buffers snapshot whole at first sight (small); pools and records go by region."""
 _SNAPSHOT_SOURCE = {"states": "checkpoint_state", "conv_states": "conv_state"}
 """A region snapshot's content name -> the bound buffer it is cut from (else the same name)."""
 
@@ -383,7 +419,9 @@ class _Book:
 
 
 @dataclass
-class _Event:
+class OpenEvent:
+    """An event begun (``Recording.begin``), to be ended or discarded."""
+
     index: int
     undo: tuple  # what was seen and bound before it, restored when the call raises
     regions: dict[int, tuple[list[int], list[int], list[int]]]
@@ -396,16 +434,9 @@ def _union(indices: list[int], seen: torch.Tensor | None) -> list[int]:
     return sorted(set(indices) | set(seen.tolist() if seen is not None else ()))
 
 
-def _rows_of(index_role: str, buffers: dict[str, torch.Tensor], indices: list[int]) -> dict[str, torch.Tensor]:
-    """A write's ``in.`` tensors: the indices, and those rows of each buffer by its role."""
-    index = torch.tensor(indices, dtype=torch.int64)
-    out = {f"in.{index_role}": index.to(torch.int32)}
-    out.update({f"in.{role}": _cpu(buf[index.to(buf.device)]) for role, buf in buffers.items()})
-    return out
-
-
-def _cpu(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True).contiguous()
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same buffer (address, shape, dtype, device)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 
 def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
@@ -414,4 +445,4 @@ def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
     return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
 
 
-__all__ = ["SNAPSHOTS", "EventRecorder", "check_options", "shards_dir", "stale_shards"]
+__all__ = ["SNAPSHOTS", "OpenEvent", "Recording", "check_options", "same_tensor"]

@@ -1,10 +1,12 @@
 """The import hook of a recording: named modules patched once they have run, before their
-importer gets them (``traces.record.patch.install``)."""
+importer gets them (``hook_imports``; ``traces.record.patch.install`` patches them for a
+recorder)."""
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import sys
 from types import ModuleType
 from typing import Callable
 
@@ -45,4 +47,16 @@ class PatchFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-__all__ = ["PatchFinder"]
+def hook_imports(names: list[str], on_import: Callable[[ModuleType], object]) -> PatchFinder:
+    """Run ``on_import(module)`` on each module named in ``names``: at once on those already
+    imported, and on the others once they have run, by a ``PatchFinder`` put in front of
+    ``sys.meta_path`` (returned)."""
+    finder = PatchFinder(names, on_import)
+    sys.meta_path.insert(0, finder)
+    for name in names:
+        if name in sys.modules:
+            on_import(sys.modules[name])
+    return finder
+
+
+__all__ = ["PatchFinder", "hook_imports"]

@@ -1,11 +1,13 @@
 """A call exactly as the recorded program made it: what a patched function, kernel launch or
-commit context runs, so that recording never changes what the program passes or gets back,
-and its arguments read by kda's names."""
+commit context runs, so that recording never changes what the program passes or gets back
+(``ProgramCall``), its arguments read by kda's names (``kda_arguments``), its recording never
+breaking it (``guarded``), and the calls it makes while it is recorded left alone
+(``Nesting``)."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 
 class ProgramCall:
@@ -69,4 +71,39 @@ def kda_arguments(signature: inspect.Signature, call: ProgramCall) -> dict[str, 
     return out
 
 
-__all__ = ["ProgramCall", "kda_arguments"]
+def guarded(recording, what: str, call: ProgramCall, record: Callable[[], Any]):
+    """``record()``: the recording of ``call`` into ``recording`` (a
+    ``traces.record.events.Recording``), which runs it once. Should the recording itself fail,
+    it stops there (``stopped_by``, one line on stderr, naming ``what``) and the program's call
+    runs (or has run) once, as unrecorded; the call's own exceptions reach the program
+    unchanged."""
+    try:
+        return record()
+    except Exception as exc:
+        if call.error is not None:
+            raise
+        if recording.open_event is not None:  # an event half written is no event of the trace
+            recording.discard(recording.open_event)
+        recording.stop(f"{what}: the recorder failed ({type(exc).__name__}: {exc}); the program runs on unrecorded")
+        return call()
+
+
+class Nesting:
+    """Whether one of the program's calls is being recorded (``with nesting:`` around its
+    recording): a call it makes meanwhile (a module's verify calling its own helpers, a kernel
+    launched inside a commit) is not recorded again."""
+
+    def __init__(self):
+        self.depth = 0
+
+    def __bool__(self) -> bool:
+        return self.depth > 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+__all__ = ["Nesting", "ProgramCall", "guarded", "kda_arguments"]

@@ -18,14 +18,13 @@ pool, records, pending counts, plan and parameters it sees are bound, and calls 
 buffers (another layer) are passed through unrecorded and counted; several layers are
 recorded from patched modules (``traces.record.patch``, format v2).
 
-Inside a CUDA graph capture (``capturing``) the recorder touches nothing on the host: each
-call is forwarded as it is, so the graph captures what it would without the recorder, and
-counted in ``skipped_calls`` as ``captured`` (one line on stderr says so). What the graph's
-replays change in the buffers reaches the trace as ``write`` events, as every write outside
-the recorded calls does (``traces.record.events``). The bookkeeping of events (bound buffers, first-seen
-snapshots, shards, caps, merge) is ``traces.record.events.EventRecorder``, which ``Recorder``
-maps the kernel API onto. A program that was not edited is recorded by patching its
-modules (``traces.record.patch``).
+Inside a CUDA graph capture (``traces.record.capture``) the recorder touches nothing on the
+host: each call is forwarded as it is and counted in ``skipped_calls`` as ``captured``.
+``RecordedApi`` maps the kernel API onto the events of a ``traces.record.events.Recording``
+(the bookkeeping of events: bound buffers, first-seen snapshots, shards, caps, merge);
+``Recorder`` is that API over a recording of its own. A program that was not edited is
+recorded by patching its modules (``traces.record.patch``), whose functions' calls go through
+a ``RecordedApi`` too.
 
 ``record_trace(path, ...)`` is the context-manager form. ``api()`` is the hook a process
 uses to get the kernel API: the plain implementation, or, when ``KDA_RECORD`` names a
@@ -44,34 +43,21 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from traces.record.events import EventRecorder, shards_dir
 from traces.format.schema import NULL_ID, PLAN_FIELDS
-from traces.record.shards import MergeResult, RecordError, merge_shards
+from traces.record.capture import capturing
+from traces.record.events import Recording, check_options
+from traces.record.shards import MergeResult, RecordError, merge_shards, shards_dir
 
 ENV_PATH = "KDA_RECORD"
 
-CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded; what the "
-                 "graph's replays change in the buffers is recorded as writes, so replays stay exact but those "
-                 "calls are not checked; to check them run the engine eagerly (e.g. vLLM's --enforce-eager)")
 
+class RecordedApi:
+    """The kernel API of ``impl``, each call recorded into ``recording`` (a
+    ``traces.record.events.Recording``) and run through ``impl``'s own function: the event
+    of a call whose buffers the recording accepts, else the call alone."""
 
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (the host must not touch it)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-class Recorder(EventRecorder):
-    """The kernel API of ``impl``, recording every call into ``path`` (see the module docstring;
-    options as ``EventRecorder``'s). Other attributes (buffer classes, ``NULL_BLOCK_ID``) come
-    from ``impl``.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "impl":  # not set yet: never recurse
-            raise AttributeError(name)
-        return getattr(self.impl, name)
-
-    # -- the kernel API ---------------------------------------------------------------
+    def __init__(self, recording: Recording, impl):
+        self.recording, self.impl = recording, impl
 
     def kda_recoverssm_verify(self, q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
                               records, query_start_loc, state_indices, spec_query_len, out=None, record_indices=None):
@@ -84,13 +70,15 @@ class Recorder(EventRecorder):
         if not self._wants("verify", bind, lower_bound, spec_query_len):
             return run()
         rows = _rows_or_default(record_indices, state_indices)
-        event = self._begin("verify", {"q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
-                                       "query_start_loc": query_start_loc, "state_indices": state_indices,
-                                       "record_indices": record_indices}, {}, state_indices, rows, bind, (lower_bound,))
-        result = self._call(event, run)
+        recording = self.recording
+        event = recording.begin("verify", {"q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
+                                           "query_start_loc": query_start_loc, "state_indices": state_indices,
+                                           "record_indices": record_indices}, {}, state_indices, rows, bind,
+                                (lower_bound,))
+        result = recording.call(event, run)
         written = rows.long().clamp(min=0)
-        self._end(event, {"out": result, "records.correction": records.correction[written],
-                          "records.key_gate": records.key_gate[written]})
+        recording.end(event, {"out": result, "records.correction": records.correction[written],
+                              "records.key_gate": records.key_gate[written]})
         return result
 
     def kda_recoverssm_plan(self, plan, num_accepted, query_start_loc, state_indices, spec_query_len,
@@ -103,12 +91,13 @@ class Recorder(EventRecorder):
         if not self._wants("plan", bind, None, spec_query_len, lower_bound_used=False):
             return run()
         attrs = {"block_size": int(block_size)} if block_table is not None else {}
-        event = self._begin("plan", {"num_accepted": num_accepted, "query_start_loc": query_start_loc,
-                                     "state_indices": state_indices, "block_table": block_table,
-                                     "num_computed": num_computed}, attrs, None, None, bind)
-        result = self._call(event, run)
+        recording = self.recording
+        event = recording.begin("plan", {"num_accepted": num_accepted, "query_start_loc": query_start_loc,
+                                         "state_indices": state_indices, "block_table": block_table,
+                                         "num_computed": num_computed}, attrs, None, None, bind)
+        result = recording.call(event, run)
         B = state_indices.shape[0]
-        self._end(event, {f: getattr(plan, f)[:B] for f in PLAN_FIELDS})
+        recording.end(event, {f: getattr(plan, f)[:B] for f in PLAN_FIELDS})
         return result
 
     def kda_recoverssm_defer(self, plan, state_indices, record_rows, pending, eager=None):
@@ -118,10 +107,11 @@ class Recorder(EventRecorder):
         bind = {**_plan(plan), "pending": pending}
         if not self._wants("defer", bind, None, None, lower_bound_used=False):
             return run()
-        event = self._begin("defer", {"state_indices": state_indices, "record_rows": record_rows, "eager": eager},
-                            {}, None, None, bind)
-        result = self._call(event, run)
-        self._end(event, {"pending": pending, "commit_lens": plan.commit_lens[: state_indices.shape[0]]})
+        recording = self.recording
+        event = recording.begin("defer", {"state_indices": state_indices, "record_rows": record_rows,
+                                          "eager": eager}, {}, None, None, bind)
+        result = recording.call(event, run)
+        recording.end(event, {"pending": pending, "commit_lens": plan.commit_lens[: state_indices.shape[0]]})
         return result
 
     def kda_recoverssm_commit(self, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, plan,
@@ -136,10 +126,11 @@ class Recorder(EventRecorder):
         rows = _rows_or_default(record_indices, state_indices)
         targets = written_slots(plan, state_indices, rows)
         touched = torch.cat([state_indices.reshape(-1).cpu().long(), targets])
-        event = self._begin("commit", {"state_indices": state_indices, "record_indices": record_indices}, {},
-                            touched, rows, bind, (lower_bound,))
-        result = self._call(event, run)
-        self._end(event, _states(checkpoint_state, targets))
+        recording = self.recording
+        event = recording.begin("commit", {"state_indices": state_indices, "record_indices": record_indices}, {},
+                                touched, rows, bind, (lower_bound,))
+        result = recording.call(event, run)
+        recording.end(event, _states(checkpoint_state, targets))
         return result
 
     def kda_recoverssm_flush(self, checkpoint_state, records, A_log, dt_bias, lower_bound, state_indices, record_rows,
@@ -154,12 +145,13 @@ class Recorder(EventRecorder):
                 **_plan(plan), "pending": pending}
         if not self._wants("flush", bind, lower_bound, None):
             return run()
-        event = self._begin("flush", {"state_indices": state_indices, "record_rows": record_rows},
-                            {"consume_pending": bool(consume_pending)}, state_indices, record_rows, bind,
-                            (lower_bound,))
-        result = self._call(event, run)
-        self._end(event, {**_states(checkpoint_state, written_slots(plan, state_indices, record_rows)),
-                          "pending": pending})
+        recording = self.recording
+        event = recording.begin("flush", {"state_indices": state_indices, "record_rows": record_rows},
+                                {"consume_pending": bool(consume_pending)}, state_indices, record_rows, bind,
+                                (lower_bound,))
+        result = recording.call(event, run)
+        recording.end(event, {**_states(checkpoint_state, written_slots(plan, state_indices, record_rows)),
+                              "pending": pending})
         return result
 
     def kda_recoverssm_flush_verify(self, q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, checkpoint_state,
@@ -168,7 +160,7 @@ class Recorder(EventRecorder):
         """Recorded as what it stands for, a flush and then a verify of the same rows: two
         events, run as two calls so that the state between them is observed."""
         if capturing():  # the graph gets the fused call, as without the recorder
-            self.skip("captured")
+            self.recording.skip("captured")
             return self.impl.kda_recoverssm_flush_verify(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound,
                                                          checkpoint_state, records, query_start_loc, state_indices,
                                                          spec_query_len, record_rows, pending, plan, out=out)
@@ -183,7 +175,7 @@ class Recorder(EventRecorder):
                                      block_size=None):
         """Recorded as what it stands for, a plan and then a deferral: two events."""
         if capturing():
-            self.skip("captured")
+            self.recording.skip("captured")
             return self.impl.kda_recoverssm_plan_deferred(plan, num_accepted, query_start_loc, state_indices,
                                                           spec_query_len, record_rows, pending, eager, block_table,
                                                           num_computed, block_size)
@@ -192,58 +184,83 @@ class Recorder(EventRecorder):
         self.kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
         return rows
 
-    # -- recording --------------------------------------------------------------------
-
     def _wants(self, op: str, bind: dict[str, torch.Tensor], lower_bound, spec_query_len,
                lower_bound_used: bool = True) -> bool:
-        """Whether to record this call: not inside a CUDA graph capture (``capturing``),
-        recording, op kept, and the buffers the bound ones."""
+        """Whether to record this call: not inside a CUDA graph capture (``capturing``), and
+        one the recording accepts (``Recording.accepts``)."""
         if capturing():
-            self.skip("captured")
+            self.recording.skip("captured")
             return False
-        if self.closed or self.stopped or op not in self.ops:
-            self.skipped[op] = self.skipped.get(op, 0) + 1
-            return False
-        same = all(same_tensor(self._bound[r], t) for r, t in bind.items() if r in self._bound)
-        if lower_bound_used and self._lower_bound is not None:
-            same = same and self._lower_bound == (lower_bound,)
-        correction = self._bound.get("records.correction")
-        if spec_query_len is not None and correction is not None:
-            same = same and correction.shape[2] == spec_query_len
-        if not same:
-            self.skipped[op] = self.skipped.get(op, 0) + 1
-            return False
-        unlike = self._unlike_other_layers(bind)
-        if unlike is not None:  # the trace's layers share their shapes: it ends before this call
-            self.stopped = self.stopped or unlike
-            return False
-        return True
-
-    def _unlike_other_layers(self, bind: dict[str, torch.Tensor]) -> str | None:
-        """Why the buffers ``bind`` cannot be the current layer's: another layer's buffer of the
-        same role has another shape or dtype (None when none has)."""
-        for role, t in bind.items():
-            for i, book in enumerate(self._books):
-                other = book.bound.get(role)
-                if other is not None and (other.shape, other.dtype) != (t.shape, t.dtype):
-                    return (f"layer {self._layer}'s {role} is {list(t.shape)} {t.dtype}, layer {i}'s "
-                            f"{list(other.shape)} {other.dtype}: the layers of a trace share their shapes")
-        return None
-
-    def skip(self, reason: str) -> None:
-        """Count a call passed through unrecorded under ``reason`` (``skipped_calls``); the
-        first captured one says on stderr how captured steps can be recorded."""
-        if reason == "captured" and "captured" not in self.skipped:
-            print(CAPTURED_NOTE, file=sys.stderr)
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        return self.recording.accepts(op, bind, lower_bound, spec_query_len, lower_bound_used)
 
     def bind(self, checkpoint_state, records, pending, plan, A_log, dt_bias, lower_bound) -> None:
         """Declare the buffers of the trace before the first call (else each is bound when
         first seen), so that a trace of plans or defers alone still carries them all."""
         for role, t in {"checkpoint_state": checkpoint_state, **_records(records), "pending": pending,
                         **_plan(plan), **_params(A_log, dt_bias)}.items():
-            self._bind(role, t)
-        self._lower_bound = (lower_bound,)
+            self.recording.bind(role, t)
+        self.recording.lower_bound = (lower_bound,)
+
+
+class Recorder(RecordedApi):
+    """The kernel API of ``impl`` (``kernels`` by default, any spec ``traces.impl.loader.load_impl``
+    accepts, or a module object), recording every call into a ``Recording`` of the trace
+    ``path`` of its own (``recording``; ``options`` are its). Other attributes (buffer
+    classes, ``NULL_BLOCK_ID``) come from ``impl``. Closing it (or leaving its ``with``
+    block) merges the trace.
+    """
+
+    def __init__(self, path: str | os.PathLike, impl: str | ModuleType = "kernels", **options: Any):
+        if isinstance(impl, str):
+            from traces.impl.loader import ImplError, load_impl
+
+            check_options(**options)  # refused before the implementation is imported
+            try:
+                module, name = load_impl(impl), impl
+            except ImplError as exc:
+                raise RecordError(str(exc)) from None
+        else:
+            module, name = impl, impl.__name__
+        super().__init__(Recording(path, name, **options), module)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "impl":  # not set yet: never recurse
+            raise AttributeError(name)
+        return getattr(self.impl, name)
+
+    @property
+    def path(self):
+        return self.recording.path
+
+    @property
+    def shards(self):
+        return self.recording.shards
+
+    @property
+    def events(self) -> int:
+        return self.recording.events
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        return self.recording.skipped
+
+    @property
+    def stopped(self) -> str | None:
+        return self.recording.stopped
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.recording.provenance
+
+    def close(self) -> MergeResult | None:
+        """Stop recording and merge the trace (``Recording.close``)."""
+        return self.recording.close()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _records(records) -> dict[str, torch.Tensor]:
@@ -256,11 +273,6 @@ def _params(A_log, dt_bias) -> dict[str, torch.Tensor]:
 
 def _plan(plan) -> dict[str, torch.Tensor]:
     return {f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}
-
-
-def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` are the same buffer (address, shape, dtype, device)."""
-    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 
 def _rows_or_default(record_indices, state_indices) -> torch.Tensor:
@@ -326,16 +338,22 @@ _process_recorder: Recorder | None = None
 def api(impl: str = "kernels"):
     """The kernel API this process should call: ``impl`` itself, or, when ``KDA_RECORD``
     names a trace file, one recorder over it for the whole process, merged at exit."""
-    global _process_recorder
     path = os.environ.get(ENV_PATH)
     if not path:
         from traces.impl.loader import load_impl
 
         return load_impl(impl)
     if _process_recorder is None:
-        _process_recorder = Recorder(path, os.environ.get("KDA_RECORD_IMPL", impl), **options_from_env())
-        atexit.register(_close_at_exit, _process_recorder)
+        set_process_recorder(Recorder(path, os.environ.get("KDA_RECORD_IMPL", impl), **options_from_env()))
     return _process_recorder
+
+
+def set_process_recorder(recorder) -> None:
+    """Make ``recorder`` (a ``Recorder``, or ``traces.record.patch.PatchRecorder`` in a patched
+    child) the one recorder of this process: what ``api()`` returns, merged at exit."""
+    global _process_recorder
+    _process_recorder = recorder
+    atexit.register(_close_at_exit, recorder)
 
 
 def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -357,7 +375,7 @@ def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return options
 
 
-def _close_at_exit(recorder: Recorder) -> None:
+def _close_at_exit(recorder) -> None:
     try:
         result = recorder.close()
     except RecordError as exc:
@@ -367,5 +385,5 @@ def _close_at_exit(recorder: Recorder) -> None:
         print(f"kda record: wrote {result.path} ({result.events} events)", file=sys.stderr)
 
 
-__all__ = ["ENV_PATH", "MergeResult", "RecordError", "Recorder", "api", "merge_shards", "options_from_env",
-           "record_play", "record_trace", "same_tensor", "shards_dir", "written_slots"]
+__all__ = ["ENV_PATH", "MergeResult", "RecordError", "RecordedApi", "Recorder", "api", "merge_shards",
+           "options_from_env", "record_play", "record_trace", "set_process_recorder", "shards_dir", "written_slots"]

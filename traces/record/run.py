@@ -25,7 +25,8 @@ from typing import Sequence
 from traces.format.exit_status import how_it_ended
 from traces.impl.loader import names_a_file
 from traces.record.recorder import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
-from traces.record.events import check_options, stale_shards
+from traces.record.events import check_options
+from traces.record.shards import stale_shards
 
 
 STOP_SECONDS = 10.0
@@ -112,7 +113,7 @@ def record_command(out: str | os.PathLike, command: Sequence[str], *, output_to_
         raise RecordError("--layer needs --patch: a program that records through traces.record.recorder.api() binds the "
                           "first set of buffers it uses")
     if options.get("layers") is not None:
-        from traces.record.patch import parse_layers
+        from traces.record.routing import parse_layers
 
         parse_layers(options["layers"])
         if not options.get("patches"):

@@ -1,8 +1,9 @@
 """The recorder's shards, and merging them into a trace.
 
-A recording spills each event into ``NNNNNN.in.safetensors`` (inputs, first-seen buffer
-contents, and what the manifest needs as far as known: the ``context``) and, once the call
-returned, ``NNNNNN.out.safetensors`` (its results). Each shard carries, beside its JSON
+A recording spills each event, as host copies (``host_copy``), under ``<trace>.shards``
+(``shards_dir``) into ``NNNNNN.in.safetensors`` (inputs, first-seen buffer contents, and
+what the manifest needs as far as known: the ``context``) and, once the call returned,
+``NNNNNN.out.safetensors`` (its results). Each shard carries, beside its JSON
 entry ``kda-shard``, a ``checksums`` entry like a trace's (docs/recording.md): CRC-32 of
 that JSON text and of every tensor, so a damaged byte is found, not merged.
 
@@ -56,6 +57,24 @@ class MergeResult:
     """Trailing input shards left out (damaged, missing results, or an incomplete call that fails validation)."""
     reason: str | None = None
     """Why they were left out, naming the first shard concerned; None when none was."""
+
+
+def shards_dir(path: str | os.PathLike) -> Path:
+    """Where the shards of trace ``path`` are spilled: ``<path>.shards``."""
+    p = Path(path)
+    return p.with_name(p.name + ".shards")
+
+
+def stale_shards(path: str | os.PathLike) -> str:
+    """Why recording into ``path`` cannot start while ``shards_dir(path)`` exists, and what to do."""
+    shards = shards_dir(path)
+    return (f"{shards} holds the shards of a recording that never finished: "
+            f"kda record merge {shards} TRACE keeps its events; remove the folder to discard them")
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a shard holds it: a contiguous copy on the host."""
+    return t.detach().to("cpu", copy=True).contiguous()
 
 
 def tensor_sum(t: torch.Tensor) -> str:
@@ -356,4 +375,5 @@ def _assemble(events: list[tuple[dict, dict, dict | None]], extra: dict[str, Any
     return builder
 
 
-__all__ = ["MergeResult", "RecordError", "SHARD_KEY", "load_shard", "merge_shards", "save_shard"]
+__all__ = ["MergeResult", "RecordError", "SHARD_KEY", "host_copy", "load_shard", "merge_shards", "save_shard",
+           "shards_dir", "stale_shards"]

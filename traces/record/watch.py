@@ -7,14 +7,23 @@ the trace says is in the buffers, so the trace must carry those writes too.
 
 ``BufferWatch`` remembers, for every region a trace describes, what the trace says is
 there: a fingerprint per state slot and per record row (``fingerprint``), an exact copy of
-the small buffers (pending counts, plan columns, parameters). Before a recorded call the
-recorder asks which of the regions it will touch changed (``changed_rows``,
-``changed_whole``), on the buffers' device; after it, it notes what the call left there.
+the small buffers (pending counts, plan columns, parameters: ``WHOLE``). Before a recorded
+call the recorder asks which of the regions it will touch changed (``changes``: the
+``write`` event's tensors), on the buffers' device; after it, it notes what the call left
+there (``note``).
 """
 
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 import torch
+
+from traces.format.schema import PLAN_FIELDS
+from traces.record.shards import host_copy
+
+WHOLE = ("pending", "A_log", "dt_bias", *(f"plan.{f}" for f in PLAN_FIELDS))
+"""Roles of the buffers a trace holds whole (small); pools and records go by region."""
 
 _TEMP_BYTES = 64 * 2**20
 """Bound on the int64 temporaries of one fingerprint pass (a K3 slot is 768 KiB of fp32)."""
@@ -107,5 +116,57 @@ class BufferWatch:
     def note_whole(self, role: str, buf: torch.Tensor) -> None:
         self._copies[role] = buf.detach().clone()
 
+    def changes(self, bound: Mapping[str, torch.Tensor], key: Callable[[str], str], slots: list[int],
+                rows: list[int], conv: list[int]) -> tuple[dict[str, torch.Tensor], tuple[list[int], ...]]:
+        """What a ``write`` event holds: the ``in.`` tensors of every region among state ``slots``,
+        record ``rows``, ``conv`` slots and the whole buffers of ``bound`` (a layer's buffers by
+        role, each watched as ``key(role)``) whose contents differ from what the trace says
+        (none when nothing does), and the slots, rows and conv slots among them."""
+        tensors: dict[str, torch.Tensor] = {}
+        changed_slots: list[int] = []
+        changed_rows: list[int] = []
+        changed_conv: list[int] = []
+        if "checkpoint_state" in bound:
+            changed_slots = self.changed_rows(key("checkpoint_state"), bound["checkpoint_state"], slots)
+        if changed_slots:
+            tensors.update(_rows_of("slots", {"states": bound["checkpoint_state"]}, changed_slots))
+        records = {role: bound[role] for role in ("records.correction", "records.key_gate") if role in bound}
+        if records:
+            changed_rows = sorted({r for role, buf in records.items() for r in self.changed_rows(key(role), buf, rows)})
+        if changed_rows:
+            tensors.update(_rows_of("rows", records, changed_rows))
+        if "conv_state" in bound:
+            changed_conv = self.changed_rows(key("conv_state"), bound["conv_state"], conv)
+        if changed_conv:
+            tensors.update(_rows_of("conv_slots", {"conv_states": bound["conv_state"]}, changed_conv))
+        changed_whole = [role for role in WHOLE if role in bound and self.changed_whole(key(role), bound[role])]
+        for role in changed_whole:
+            tensors[f"in.{role}"] = host_copy(bound[role])
+        return tensors, (changed_slots, changed_rows, changed_conv)
 
-__all__ = ["BufferWatch", "fingerprint"]
+    def note(self, bound: Mapping[str, torch.Tensor], key: Callable[[str], str], slots: list[int], rows: list[int],
+             conv: list[int]) -> None:
+        """The trace now describes ``slots``, ``rows``, ``conv`` slots and every whole buffer of
+        ``bound`` (watched as in ``changes``) as they are."""
+        for role, indices in (("checkpoint_state", slots), ("records.correction", rows),
+                              ("records.key_gate", rows), ("conv_state", conv)):
+            if role in bound:
+                self.note_rows(key(role), bound[role], indices)
+        for role in WHOLE:
+            if role in bound:
+                self.note_whole(key(role), bound[role])
+
+    def nbytes(self) -> int:
+        """The bytes it keeps: the fingerprints and the copies."""
+        return sum(t.numel() * t.element_size() for kept in (self._prints, self._copies) for t in kept.values())
+
+
+def _rows_of(index_role: str, buffers: dict[str, torch.Tensor], indices: list[int]) -> dict[str, torch.Tensor]:
+    """A write's ``in.`` tensors: the indices, and those rows of each buffer by its role."""
+    index = torch.tensor(indices, dtype=torch.int64)
+    out = {f"in.{index_role}": index.to(torch.int32)}
+    out.update({f"in.{role}": host_copy(buf[index.to(buf.device)]) for role, buf in buffers.items()})
+    return out
+
+
+__all__ = ["WHOLE", "BufferWatch", "fingerprint"]

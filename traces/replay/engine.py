@@ -23,7 +23,7 @@ import torch
 from traces.replay.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
 from traces.format.io import Trace
 from traces.format.schema import LAYER_OPS, PLAN_FIELDS, SHARED_BUFFERS, Event, TraceError
-from traces.impl.surface import op_routes
+from traces.impl.loader import op_routes
 from traces.format.tape import event_call, trace_layer_buffers
 from traces.format.commit_context import CommitContexts, commit_context_type
 
@@ -62,7 +62,7 @@ class ReplayReport:
     stopped_early: bool = False
     event_range: tuple[int, int] = (0, 0)
     routes: dict[str, str] = field(default_factory=dict)
-    """Op -> the implementation it ran through (``traces.impl.surface.op_routes``)."""
+    """Op -> the implementation it ran through (``traces.impl.loader.op_routes``)."""
 
     @property
     def comparisons(self) -> list[Comparison]:
