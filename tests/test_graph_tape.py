@@ -101,6 +101,9 @@ def test_memory_is_per_graph_and_a_new_capture_replaces_the_old():
         first.capture(lambda: tape.after(tape.before("only", {"x": one.x}), {}))
         assert [c.name for c in tape.read(first)] == ["only"]
         assert tape.bytes_held(first) == 16 and tape.bytes_held() == 16 + one.bytes()
+        second.capture(lambda: None)
+        assert tape.bytes_held(second) == 0 and tape.bytes_held() == 16
+        assert tape.read(second) == []
 
 
 def test_a_replay_copies_into_the_captured_buffers_only_while_the_graph_replays():
@@ -227,15 +230,31 @@ def test_a_replay_that_runs_other_calls_than_its_capture_fails():
             tape.read(graph)
 
 
+class Untaped:
+    """A tape's stand-in for a warm-up run outside any capture: it copies nothing."""
+
+    def before(self, name, snaps, attrs=None) -> int:
+        return 0
+
+    def after(self, position, snaps) -> None:
+        pass
+
+
 @pytest.mark.gpu_only
 def test_cuda_graph_replays_copy_what_each_replay_saw():
     device = torch.device("cuda", torch.cuda.current_device())
     reads: list = []
     with GraphHooks(lambda g: reads.append(tape.read(g))) as hooks:
         tape = GraphTape(hooks)
-        step, graph = Step(tape, device), torch.cuda.CUDAGraph()
+        step, graph = Step(Untaped(), device), torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on the capturing stream: the step's kernels and the tape's
+            step()
+            clamped = step.idx.to(torch.int64).clamp_(0, ROWS - 1)
+            torch.index_select(step.pool, 0, clamped, out=torch.empty(3, WIDTH, device=device))
+        torch.cuda.current_stream().wait_stream(stream)
+        step.tape = tape
         with torch.cuda.graph(graph, stream=stream):
             step()
         assert hooks.capturing_graph() is None

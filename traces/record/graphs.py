@@ -218,9 +218,7 @@ class GraphTape:
         state = self.hooks.state(graph) if graph is not None else None
         if state is None:
             raise GraphRecordError(f"{name or 'a call'}: no graph capture seen by the graph hooks is in progress")
-        tape = self._tapes.get(graph)
-        if tape is None or tape.capture != state.capture:
-            tape = self._tapes[graph] = _Tape(state.capture, state.device)
+        tape = self._current(graph) or self._tapes.setdefault(graph, _Tape(state.capture, state.device))
         try:
             if state.failure or tape.failure:
                 raise GraphRecordError(state.failure or tape.failure)
@@ -267,8 +265,8 @@ class GraphTape:
             raise GraphRecordError(state.failure)
         if not state.complete:
             raise GraphRecordError("a graph replayed whose capture the graph hooks did not see complete")
-        tape = self._tapes.get(graph)
-        if tape is None or tape.capture != state.capture:
+        tape = self._current(graph)
+        if tape is None:
             return []
         if tape.failure:
             raise GraphRecordError(tape.failure)
@@ -279,9 +277,19 @@ class GraphTape:
             torch.cuda.synchronize(tape.device)
         return [CapturedCall(c.name, dict(c.attrs), _host(c.before), _host(c.after)) for c in tape.calls]
 
+    def _current(self, graph) -> _Tape | None:
+        """``graph``'s tape when it holds the graph's latest capture; one of an earlier capture
+        is dropped (its buffers freed)."""
+        tape, state = self._tapes.get(graph), self.hooks.state(graph)
+        if tape is not None and (state is None or tape.capture != state.capture):
+            del self._tapes[graph]
+            return None
+        return tape
+
     def bytes_held(self, graph=None) -> int:
-        """Device bytes of the tape's buffers for ``graph`` (every graph's when None)."""
-        tapes = self._tapes.values() if graph is None else [t for t in [self._tapes.get(graph)] if t]
+        """Device bytes of the tape's buffers for ``graph`` (every graph's when None): per captured
+        call, its snaps' copies (a gather: its rows, its index and the index as int64)."""
+        tapes = [t for t in map(self._current, [graph] if graph is not None else list(self._tapes)) if t]
         return sum(b.numel() * b.element_size() for t in tapes for c in t.calls
                    for held in (c.before, c.after or {}) for h in held.values() for b in h.bufs)
 
