@@ -218,6 +218,18 @@ def test_captures_the_hooks_cannot_follow():
                      "installed)"]
 
 
+def test_hooks_installed_again_forget_the_graphs_they_saw():
+    with fake_hooks() as hooks:
+        tape = GraphTape(hooks)
+        graph = FakeGraph()
+        graph.capture(lambda: tape.after(tape.before("verify", {}), {}))
+        assert [c.name for c in tape.read(graph)] == ["verify"]
+        hooks.uninstall()
+        hooks.install()  # the graph may have been captured anew in between, unseen
+        with pytest.raises(GraphRecordError, match="did not see"):
+            tape.read(graph)
+
+
 def test_a_replay_that_runs_other_calls_than_its_capture_fails():
     with fake_hooks() as hooks:
         tape = GraphTape(hooks)

@@ -14,9 +14,10 @@ recording stops (``stopped_by``), never a wrong copy: ``before``/``after`` raise
 that is not a tensor or a ``(buffer, index)`` pair of tensors, a tensor on another device
 than the graph's, an index that is not of an integer dtype, a buffer without rows, attrs that
 are not host scalars, no capture in progress; ``read`` raises for a graph whose capture the
-hooks did not see begin (captured before they were installed) or end (the capture raised), a
-capture begun while another was in progress (twice on one graph, or two graphs at once: calls
-cannot be told apart), a call with no ``after``, and what ``before``/``after`` raised in its capture.
+hooks did not see begin (captured before they were installed, or while they were not) or
+end (the capture raised), a capture begun while another was in progress (twice on one
+graph, or two graphs at once: calls cannot be told apart), a call with no ``after``, and
+what ``before``/``after`` raised in its capture.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class GraphHooks:
         return self._states.get(graph)
 
     def install(self) -> "GraphHooks":
+        """Wrap the methods; what the hooks know of graphs starts from nothing (a graph captured
+        before is one whose capture they did not see)."""
         cls = self.graph_class
         if self._originals is not None or any(hasattr(getattr(cls, m), "_graph_hooks") for m in _METHODS):
             raise GraphRecordError(f"{cls.__qualname__}'s capture and replay are already hooked")
@@ -89,9 +92,11 @@ class GraphHooks:
         for m, wrapper in (("capture_begin", self._capture_begin), ("capture_end", self._capture_end),
                            ("replay", self._replay)):
             setattr(cls, m, _wrap(getattr(cls, m), wrapper, self))
+        self._states, self._capturing = weakref.WeakKeyDictionary(), None
         return self
 
     def uninstall(self) -> None:
+        """Put the original methods back (a no-op when not installed)."""
         if self._originals is None:
             return
         for m, original in self._originals.items():
