@@ -182,9 +182,9 @@ def test_a_call_the_tape_cannot_resolve_fails_its_graph(body, reason):
                 raised.append(str(exc))
 
         graph.capture(captured)
-        with pytest.raises(GraphRecordError, match=reason):
+        with pytest.raises(GraphRecordError, match=reason) as read:
             tape.read(graph)
-        assert all(reason in r for r in raised)
+        assert raised == ([] if reason.endswith("no after snapshot") else [str(read.value)])
 
 
 def test_captures_the_hooks_cannot_follow():
@@ -214,6 +214,9 @@ def test_captures_the_hooks_cannot_follow():
                               (other, "two graphs captured at once"), (unfinished, "did not see complete")):
             with pytest.raises(GraphRecordError, match=reason):
                 tape.read(graph)
+        twice.capture_end()  # the fakes' captures left open
+        unfinished.capture_end()
+    assert not is_capturing()
     assert reads == ["a graph replayed whose capture the graph hooks did not see (captured before they were "
                      "installed)"]
 
