@@ -6,7 +6,7 @@ A serving engine's RecoverSSM module exposes ``kda_recoverssm_verify``,
 module into the five-function API: verify, defer and the flush plan run through the module's
 own function and kernels, launched as documented (grid ``(B,)``, positional arguments); the
 stock plan, the commit and the commit half of a flush run through kda's Triton kernels. A
-module's own ``KDARecoverSSMCommitContext`` is kept (``traces.format.commit_context`` runs
+module's own ``KDARecoverSSMCommitContext`` is kept (``traces.replay.commit_context`` runs
 a trace's commit of every layer through it). ``routes`` says which op ran where.
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from types import ModuleType
+
+from traces.ops.table import API
 
 SURFACE = ("kda_recoverssm_verify", "KDARecoverSSMRecords", "_defer_commit_kernel", "_prepare_flush_plan_kernel")
 """What a module must have to be used through ``SurfaceImpl``."""
@@ -93,8 +95,6 @@ class SurfaceImpl:
 def op_routes(impl, name: str) -> dict[str, str]:
     """Op -> the implementation it runs through: ``impl.routes`` for a ``SurfaceImpl`` or a
     ``ReleaseImpl``, else ``name`` for every op."""
-    from traces.impl.loader import API
-
     routes = getattr(impl, "routes", None)
     return dict(routes) if isinstance(routes, dict) else {op: name for op in API}
 

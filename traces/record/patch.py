@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from traces.ops.table import API
 from traces.record.commit_context import CommitContextRecording
 from traces.record.import_hook import PatchFinder
 from traces.record.program_call import ProgramCall, kda_arguments
@@ -54,8 +55,7 @@ ENV_LAYERS = "KDA_RECORD_LAYERS"
 BOOT_DIR = Path(__file__).with_name("boot")
 """Holds the ``sitecustomize`` that calls ``install_from_env`` in a child process."""
 
-FUNCTIONS = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
-             "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
+FUNCTIONS = (*API.values(), "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
 FUSED_PARTS = {"kda_recoverssm_flush_verify": ("kda_recoverssm_flush", "kda_recoverssm_verify"),
                "kda_recoverssm_plan_deferred": ("kda_recoverssm_plan", "kda_recoverssm_defer")}
 """A fused function -> the two calls it is recorded as, through the module's own."""

@@ -294,7 +294,8 @@ def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=No
     so that what ``api`` computes becomes the expected results. ``bufs``: the buffers to
     play on (default: fresh ``initial_buffers``); the recorder binds them up front.
     ``snapshot``: the recorder's (``all`` keeps the initial buffers whole)."""
-    from traces.format.tape import initial_buffers, play
+    from traces.replay.buffers import initial_buffers
+    from traces.replay.play import play
 
     bufs = bufs or initial_buffers(tape, api, device)
     with Recorder(path, api, snapshot=snapshot) as rec:

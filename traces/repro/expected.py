@@ -1,6 +1,6 @@
 """A tape's expected results computed by an oracle, for a tape of any number of layers.
 
-``with_expected`` plays every step through the oracle (``traces.format.tape.Player``: each
+``with_expected`` plays every step through the oracle (``traces.replay.play.Player``: each
 layer's ops on its buffers, ``commit_layers`` through the oracle's commit context) and
 reads back what each step wrote, as ``kda record`` records it (``traces.record``): verify's
 ``out`` and the records of its rows, the plan rows, the pending counts, the slots a commit
@@ -14,7 +14,9 @@ from typing import Iterator
 
 import torch
 
-from traces.format.tape import Buffers, LayerTensors, Player, Step, Tape, initial_layer_buffers
+from traces.format.tape import LayerTensors, Step, Tape
+from traces.replay.buffers import Buffers, initial_layer_buffers
+from traces.replay.play import Player
 from traces.format.schema import PLAN_FIELDS, SHARED_BUFFERS
 from traces.record.recorder import written_slots
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from traces.format.schema import ConvSpec
 
 if TYPE_CHECKING:
-    from traces.format.tape import Buffers
+    from traces.replay.buffers import Buffers
 
 
 def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
@@ -80,14 +80,10 @@ class CommitContexts:
         self.spec_query_len, self.lower_bound = spec_query_len, lower_bound
         self.opened: dict[tuple[str, str], Any] = {}
 
-    def call(self, x: dict, attrs: dict):
-        """A ``commit_layers`` event's call of its context's ``commit`` (``x``: its inputs by
-        role on the device), ready to run."""
-        key = attrs.get("records", "slot"), attrs.get("rule", "kda")
+    def open(self, records: str = "slot", rule: str = "kda"):
+        """The context of ``records`` and ``rule``, opened the first time it is asked for."""
+        key = records, rule
         if key not in self.opened:
             self.opened[key] = open_commit_context(self.impl, self.layers, self.conv, self.spec_query_len,
                                                    self.lower_bound, *key)
-        context = self.opened[key]
-        return lambda: context.commit(x["num_accepted"], x["state_indices"], x["query_start_loc"],
-                                      x.get("request_indices"), x.get("block_table"), x.get("num_computed"),
-                                      attrs.get("block_size"))
+        return self.opened[key]
