@@ -45,9 +45,10 @@ class SurfaceImpl:
         self.allocate_records = getattr(module, "allocate_records", None) or buffers.allocate_records
         self.NULL_BLOCK_ID = getattr(module, "NULL_BLOCK_ID", buffers.NULL_BLOCK_ID)
         self.KDARecoverSSMCommitContext = getattr(module, "KDARecoverSSMCommitContext", None)
-        self.routes = {"verify": f"{name} (kda_recoverssm_verify)", "plan": KDA,
-                       "defer": f"{name} (_defer_commit_kernel)", "commit": KDA,
-                       "flush": f"{name} (_prepare_flush_plan_kernel) + {KDA} (commit)"}
+        own = {"kda_recoverssm_verify": f"{name} (kda_recoverssm_verify)",
+               "kda_recoverssm_defer": f"{name} (_defer_commit_kernel)",
+               "kda_recoverssm_flush": f"{name} (_prepare_flush_plan_kernel) + {KDA} (commit)"}
+        self.routes = {op: own.get(function, KDA) for op, function in API.items()}
 
     def _records(self, records):
         return self._kda.KDARecoverSSMRecords(records.correction, records.key_gate)

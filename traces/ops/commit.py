@@ -4,7 +4,7 @@ the slots the plan names (docs/design.md §6)."""
 from __future__ import annotations
 
 from traces.ops.op import Op, default_record_rows
-from traces.ops.regions import place_states, written_states
+from traces.ops.regions import place_states, states_at, written_slots, written_states
 from traces.ops.roles import SLOTS, WRITTEN_STATES, int32
 
 INPUTS = {
@@ -25,6 +25,14 @@ def apply_expected(e, x, bufs, T: int, conv) -> None:
 
 def actual(role: str, o):
     return written_states(o)
+
+
+def written(x, attrs, returned, bufs, conv) -> dict:
+    """The slots it wrote and their states."""
+    import torch
+
+    rows = x.get("record_indices", torch.arange(x["state_indices"].shape[0]))
+    return states_at(bufs.pool, written_slots(bufs.plan, x["state_indices"], rows))
 
 
 def commit_bytes(s, commit_lens: list[int]) -> int:
@@ -55,6 +63,6 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
     return commit_bytes(s, commit_lens)
 
 
-OP = Op("commit", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, api="kda_recoverssm_commit",
+OP = Op("commit", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_commit",
         reads_plan=True, record_rows=default_record_rows, event_bytes=event_bytes, workload_bytes=workload_bytes,
         folds=True, cost_weight=0.7)

@@ -10,6 +10,7 @@ row b itself (``batch_row``); ``rule`` (``COMMIT_RULES``), the engine's align-mo
 from __future__ import annotations
 
 from traces.ops.op import Op
+from traces.ops.regions import written_slots
 from traces.ops.roles import QSL, SLOTS, WRITTEN_STATES, Role, int32
 
 COMMIT_RECORDS = ("slot", "batch_row")
@@ -89,6 +90,20 @@ def actual(role: str, o):
             locate_window)
 
 
+def written(x, attrs, returned, layers, conv) -> dict:
+    """The slots it wrote, every layer's states and first ``W - 1`` conv entries there."""
+    import torch
+
+    B = x["state_indices"].shape[0]
+    rows = x["state_indices"] if _by_slot(attrs) else torch.arange(B)
+    slots = written_slots(layers[0].plan, x["state_indices"], rows)
+    history = conv.width - 1
+    windows = [b.conv[slots.to(b.conv.device)] for b in layers]
+    windows = [w[:, :, :history] if conv.layout == "dim_first" else w[:, :history] for w in windows]
+    return {"slots": slots.to(torch.int32), "states": torch.stack([b.pool[slots.to(b.pool.device)] for b in layers]),
+            "conv_windows": torch.stack(windows)}
+
+
 def record_rows(inputs, attrs) -> str | None:
     return None if _by_slot(attrs) else "records by batch row"
 
@@ -108,6 +123,6 @@ def check_batch(inputs, bound, batch: int) -> str | None:
 
 
 OP = Op("commit_layers", INPUTS, EXPECTED, ("block_size", "records", "rule"), call, apply_expected, actual,
-        per_layer=False, align=True, record_rows=record_rows, needs_conv=True,
+        written, per_layer=False, align=True, record_rows=record_rows, needs_conv=True,
         choices={"records": COMMIT_RECORDS, "rule": COMMIT_RULES}, check_buffers=check_buffers,
         check_batch=check_batch, cost_weight=0.7)

@@ -31,6 +31,10 @@ def actual(role: str, o):
     return pending_counts(o) if role == "pending" else plan_rows(role, o)
 
 
+def written(x, attrs, returned, bufs, conv) -> dict:
+    return {"pending": bufs.pending, "commit_lens": bufs.plan.commit_lens[:x["state_indices"].shape[0]]}
+
+
 def defer_bytes(batch: int, eager: bool = False) -> int:
     """Per row: slot, record row and commit length read (``eager``: and a one-byte flag);
     pending and commit length written."""
@@ -45,5 +49,5 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
     return defer_bytes(batch)
 
 
-OP = Op("defer", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, api="kda_recoverssm_defer",
+OP = Op("defer", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_defer",
         reads_plan=True, event_bytes=event_bytes, workload_bytes=workload_bytes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from traces.ops.commit import commit_bytes
 from traces.ops.op import Op
-from traces.ops.regions import copy_pending, pending_counts, place_states, written_states
+from traces.ops.regions import copy_pending, pending_counts, place_states, states_at, written_slots, written_states
 from traces.ops.roles import SLOTS, WRITTEN_STATES, int32
 
 INPUTS = {
@@ -29,6 +29,12 @@ def apply_expected(e, x, bufs, T: int, conv) -> None:
 
 def actual(role: str, o):
     return pending_counts(o) if role == "pending" else written_states(o)
+
+
+def written(x, attrs, returned, bufs, conv) -> dict:
+    """The slots it wrote, their states and the pending counts."""
+    return {**states_at(bufs.pool, written_slots(bufs.plan, x["state_indices"], x["record_rows"])),
+            "pending": bufs.pending}
 
 
 def flush_bytes(s, pending: list[int]) -> int:
@@ -55,5 +61,5 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
 
 
 OP = Op("flush", INPUTS, EXPECTED, ("consume_pending", "layer"), call, apply_expected, actual,
-        api="kda_recoverssm_flush", row_space="opens", flags=("consume_pending",), event_bytes=event_bytes,
+        written, api="kda_recoverssm_flush", row_space="opens", flags=("consume_pending",), event_bytes=event_bytes,
         workload_bytes=workload_bytes, folds=True, cost_weight=0.7)

@@ -68,6 +68,9 @@ class Op:
     apply_expected(e, x, target, T, conv): overwrite the buffer regions its expected results
         ``e`` describe with them (``target``: the layer's buffers, or every layer's).
     actual(role, outcome): what a replay holds for an expected ``role`` (``Located``).
+    written(x, attrs, returned, target, conv): what it wrote (its expected roles), read back
+        from ``target`` (as for ``apply_expected``) right after it ran and returned ``returned``,
+        as ``kda record`` records it.
     plan_rows: its batch rows are plan rows, so a batch fits the plan (every op but verify).
     tokens: its inputs hold per-token activations, cut with its batch rows (verify).
     row_space: how ``traces.repro.slice`` groups it: ``own`` (a row space of its own),
@@ -100,6 +103,7 @@ class Op:
     call: Callable[..., Thunk]
     apply_expected: Callable[..., None]
     actual: Callable[[str, Outcome], Located] | None = None
+    written: Callable[..., dict[str, Any]] | None = None
     api: str | None = None
     out_like: str | None = None
     per_layer: bool = True

@@ -30,6 +30,11 @@ def apply_expected(e, x, bufs, T: int, conv) -> None:
             getattr(bufs.plan, f)[: e[f].shape[0]] = e[f].to(dev)
 
 
+def written(x, attrs, returned, bufs, conv) -> dict:
+    B = x["state_indices"].shape[0]
+    return {f: getattr(bufs.plan, f)[:B] for f in PLAN_FIELDS}
+
+
 def plan_bytes(batch: int, align: bool = False) -> int:
     """num_accepted, query_start_loc [B+1], state_indices read (``align``: also num_computed
     and two block-table entries a row); four int32 plan columns written."""
@@ -44,6 +49,6 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
     return plan_bytes(batch)
 
 
-OP = Op("plan", INPUTS, EXPECTED, ("block_size", "layer"), call, apply_expected, plan_rows,
+OP = Op("plan", INPUTS, EXPECTED, ("block_size", "layer"), call, apply_expected, plan_rows, written,
         api="kda_recoverssm_plan", row_space="opens", align=True, event_bytes=event_bytes,
         workload_bytes=workload_bytes)

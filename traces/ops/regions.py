@@ -1,12 +1,39 @@
 """Buffer regions several ops write, each as its op patches it in and as a replay reads it
-back for comparison: states at the slots an op wrote, the pending counts, the first rows of
-the plan; and the coordinates of a record's lane."""
+back for comparison: states at the slots an op wrote (``written_slots``: those a commit
+with a plan writes), the pending counts, the first rows of the plan; and the coordinates of
+a record's lane."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from traces.ops.op import Located, Outcome
+from traces.ops.roles import NULL_ID
+
+
+def written_slots(plan, state_indices, record_rows):
+    """Distinct slots a commit with this plan writes (docs/design.md §6), in row order (int64, CPU)."""
+    import torch
+
+    B = state_indices.shape[0]
+    n = plan.commit_lens[:B].cpu().long()
+    slots, rows = state_indices.reshape(-1).cpu().long(), record_rows.reshape(-1).cpu().long()
+    final, boundary = plan.final_state_indices[:B].cpu().long(), plan.boundary_state_indices[:B].cpu().long()
+    recovery = plan.boundary_recovery_lens[:B].cpu().long()
+    out: list[int] = []
+    for b in range(B):
+        if n[b] > 0 and slots[b] > NULL_ID and rows[b] >= 0:
+            for s, ok in ((int(final[b]), True), (int(boundary[b]), 1 <= recovery[b] <= n[b])):
+                if s > NULL_ID and ok and s not in out:
+                    out.append(s)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def states_at(pool, slots) -> dict[str, Any]:
+    """``slots`` (int32) and the states ``pool`` holds there, as an op's expected results."""
+    import torch
+
+    return {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)]}
 
 
 def place_states(e: Mapping[str, Any], bufs) -> None:

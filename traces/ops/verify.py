@@ -80,6 +80,15 @@ def actual(role: str, o: Outcome):
     return buf[rec.clamp(min=0).to(buf.device)], mask, locate_record
 
 
+def written(x, attrs, returned, bufs, conv) -> dict:
+    """``out`` and the record rows of every batch row."""
+    import torch
+
+    rows = x.get("record_indices", torch.arange(x["state_indices"].shape[0])).long().clamp(min=0).to(bufs.pool.device)
+    return {"out": returned, "records.correction": bufs.records.correction[rows],
+            "records.key_gate": bufs.records.key_gate[rows]}
+
+
 def verify_bytes(s, real_rows: int, total_tokens: int, record_tokens: int | None = None) -> int:
     """State read of each real row, q/k/raw_g/v/raw_beta read, outputs written, and the
     records of ``record_tokens`` tokens (default: every token) written (``s``: a
@@ -107,6 +116,6 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
     return verify_bytes(s, batch, batch * spec_len)
 
 
-OP = Op("verify", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, api="kda_recoverssm_verify",
+OP = Op("verify", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_verify",
         out_like="v", plan_rows=False, tokens=True, row_space="own", record_rows=default_record_rows,
         event_bytes=event_bytes, workload_bytes=workload_bytes, cost_weight=1.0)

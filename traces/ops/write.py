@@ -51,5 +51,9 @@ def apply_expected(e, x, bufs, T: int, conv) -> None:
     """A write has no expected results."""
 
 
-OP = Op("write", INPUTS, {}, ("layer",), call, apply_expected, row_space=None,
+def written(x, attrs, returned, bufs, conv) -> dict:
+    return {}
+
+
+OP = Op("write", INPUTS, {}, ("layer",), call, apply_expected, written=written, row_space=None,
         distinct=("slots", "rows", "conv_slots"), groups=GROUPS, empty_inputs="a write names no tensor")
