@@ -65,4 +65,4 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
 
 OP = Op("commit", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_commit",
         reads_plan=True, record_rows=default_record_rows, event_bytes=event_bytes, workload_bytes=workload_bytes,
-        folds=True, cost_weight=0.7)
+        folds=True, cost_weight=0.7, order=4)

@@ -125,4 +125,4 @@ def check_batch(inputs, bound, batch: int) -> str | None:
 OP = Op("commit_layers", INPUTS, EXPECTED, ("block_size", "records", "rule"), call, apply_expected, actual,
         written, per_layer=False, align=True, record_rows=record_rows, needs_conv=True,
         choices={"records": COMMIT_RECORDS, "rule": COMMIT_RULES}, check_buffers=check_buffers,
-        check_batch=check_batch, cost_weight=0.7)
+        check_batch=check_batch, cost_weight=0.7, order=7)

@@ -50,4 +50,4 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
 
 
 OP = Op("defer", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_defer",
-        reads_plan=True, event_bytes=event_bytes, workload_bytes=workload_bytes)
+        reads_plan=True, event_bytes=event_bytes, workload_bytes=workload_bytes, order=3)

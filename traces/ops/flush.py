@@ -62,4 +62,4 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
 
 OP = Op("flush", INPUTS, EXPECTED, ("consume_pending", "layer"), call, apply_expected, actual,
         written, api="kda_recoverssm_flush", row_space="opens", flags=("consume_pending",), event_bytes=event_bytes,
-        workload_bytes=workload_bytes, folds=True, cost_weight=0.7)
+        workload_bytes=workload_bytes, folds=True, cost_weight=0.7, order=5)

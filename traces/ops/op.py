@@ -56,6 +56,7 @@ class Op:
 
     name, inputs, expected, attrs: its name in a trace, the roles it reads and writes
     (``traces.ops.roles``), the attrs it may carry.
+    order: its place in the table (``traces.ops.table``), where the format lists its ops.
     api: the kernel API function that runs it (None: not a kernel call).
     per_layer: runs on one layer's buffers, named by attr ``layer`` (False: on every layer).
     call(api, x, attrs, target, T, lower_bound, out): its call through ``api``, ready to run
@@ -125,3 +126,4 @@ class Op:
     workload_bytes: Callable[..., int] | None = None
     folds: bool = False
     cost_weight: float | None = None
+    order: int = 0

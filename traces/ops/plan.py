@@ -51,4 +51,4 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
 
 OP = Op("plan", INPUTS, EXPECTED, ("block_size", "layer"), call, apply_expected, plan_rows, written,
         api="kda_recoverssm_plan", row_space="opens", align=True, event_bytes=event_bytes,
-        workload_bytes=workload_bytes)
+        workload_bytes=workload_bytes, order=2)

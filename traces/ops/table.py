@@ -1,14 +1,24 @@
-"""The op table: every op of the trace format by name, in the order the format lists them;
-the names and API functions the other stages read. An op is added by writing its module
-(``traces.ops.op.Op``) and naming it here."""
+"""The op table: every op of the trace format by name, and the names and API functions the
+other stages read. Every module of ``traces.ops`` that defines ``OP`` (an ``Op``) is an op of
+the table, in the order of their ``order``: an op is added by writing its module."""
 
 from __future__ import annotations
 
-from traces.ops import commit, commit_layers, defer, flush, plan, verify, write
+import importlib
+import pkgutil
+
+import traces.ops
 from traces.ops.op import Op
 
-OPS: dict[str, Op] = {op.name: op for op in (verify.OP, plan.OP, defer.OP, commit.OP, flush.OP, write.OP,
-                                            commit_layers.OP)}
+
+def _collect() -> dict[str, Op]:
+    modules = (importlib.import_module(f"traces.ops.{m.name}") for m in pkgutil.iter_modules(traces.ops.__path__))
+    ops = sorted((m.OP for m in modules if isinstance(getattr(m, "OP", None), Op)), key=lambda op: op.order)
+    return {op.name: op for op in ops}
+
+
+OPS: dict[str, Op] = _collect()
+"""Op name -> its ``Op``, in the order the format lists them (its error messages too)."""
 KERNEL_OPS = tuple(name for name, op in OPS.items() if op.api is not None)
 """The ops of one layer that are kernel calls."""
 LAYER_OPS = tuple(name for name, op in OPS.items() if op.per_layer)

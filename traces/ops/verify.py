@@ -118,4 +118,4 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
 
 OP = Op("verify", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_verify",
         out_like="v", plan_rows=False, tokens=True, row_space="own", record_rows=default_record_rows,
-        event_bytes=event_bytes, workload_bytes=workload_bytes, cost_weight=1.0)
+        event_bytes=event_bytes, workload_bytes=workload_bytes, cost_weight=1.0, order=1)

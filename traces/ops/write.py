@@ -56,4 +56,4 @@ def written(x, attrs, returned, bufs, conv) -> dict:
 
 
 OP = Op("write", INPUTS, {}, ("layer",), call, apply_expected, written=written, row_space=None,
-        distinct=("slots", "rows", "conv_slots"), groups=GROUPS, empty_inputs="a write names no tensor")
+        distinct=("slots", "rows", "conv_slots"), groups=GROUPS, empty_inputs="a write names no tensor", order=6)
