@@ -47,7 +47,9 @@ def test_a_slice_folds_each_commit_through_the_reference_context_of_its_records(
     and the slice replays."""
     import kernels.reference
     from kernels.context.reference import ReferenceCommitContext
-    from traces.format.tape import Player, Tape, initial_layer_buffers
+    from traces.format.tape import Tape
+    from traces.replay.buffers import initial_layer_buffers
+    from traces.replay.play import Player
     from traces.repro.expected import with_expected
 
     with read_trace(v2_trace) as trace:

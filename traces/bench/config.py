@@ -8,8 +8,13 @@ import math
 from dataclasses import dataclass, field
 
 from traces.format.dtype_names import dtype_name, spelled
+from traces.ops.table import KERNEL_OPS
 
-OPS = ("verify", "plan", "defer", "commit", "flush", "flush-verify", "step-stock", "step-deferred")
+FLUSH_VERIFY = "flush-verify"
+"""A flush, then a verify from the flushed state (``kda_recoverssm_flush_verify``)."""
+OPS = (*KERNEL_OPS, FLUSH_VERIFY, "step-stock", "step-deferred")
+"""What a bench run times by default: each kernel op of a trace (``traces.ops``), the fused
+flush and verify, and the two steps of a decode (``contract_bytes.STEPS``)."""
 LAYER_OPS = ("commit-layers", "commit-context")
 """Ops timed only when asked for (``--ops``): ``commit-layers`` is one commit of every layer of
 a model (``--layers``); ``commit-context`` is a model's whole commit (plan, conv windows and

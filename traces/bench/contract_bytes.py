@@ -1,4 +1,5 @@
-"""Bytes per call of each op and step, from the tensor contract (docs/design.md §4).
+"""Bytes per call of each op and step, from the tensor contract (docs/design.md §4): an op's
+own are in its module (``traces.ops``), a bench step's and the model's here.
 
 Counts follow the workload's actual accepted lengths. Index and plan tensors are counted in
 the integer ops (plan, defer, the flush's plan) and left out of verify and commit, where
@@ -10,11 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traces.bench.config import FLUSH_VERIFY
+from traces.ops.commit import commit_bytes
+from traces.ops.flush import flush_bytes
+from traces.ops.plan import plan_bytes
+from traces.ops.table import OPS
+from traces.ops.verify import verify_bytes
+
 CONV_WIDTH = 4
 """Width W of the short convolution before each KDA layer (Kimi's): a conv state keeps W - 1
 inputs for the next window."""
 
-STEPS = {"step-stock": ("verify", "plan", "commit"), "step-deferred": ("flush-verify", "plan", "defer")}
+STEPS = {"step-stock": ("verify", "plan", "commit"), "step-deferred": (FLUSH_VERIFY, "plan", "defer")}
 """The ops whose contract bytes make up a step's. A deferred step's flush and verify read
 each slot once between them (``flush_verify_bytes``), whether or not an implementation
 fuses them."""
@@ -45,45 +53,11 @@ class Shape:
         return self.heads * (4 * self.head_v_dim + 2 * self.head_k_dim * self.act_bytes)
 
 
-def verify_bytes(s: Shape, real_rows: int, total_tokens: int, record_tokens: int | None = None) -> int:
-    """State read of each real row, q/k/raw_g/v/raw_beta read, outputs written, and the
-    records of ``record_tokens`` tokens (default: every token) written."""
-    h, k, v, a = s.heads, s.head_k_dim, s.head_v_dim, s.act_bytes
-    activations = total_tokens * h * (3 * k + v + 1) * a
-    outputs = total_tokens * h * v * a
-    records = total_tokens if record_tokens is None else record_tokens
-    return real_rows * s.slot_bytes + activations + outputs + records * s.record_token_bytes
-
-
-def commit_bytes(s: Shape, commit_lens: list[int]) -> int:
-    """Per row with ``n > 0``: the slot read and written, and ``n`` tokens of records read."""
-    folding = [n for n in commit_lens if n > 0]
-    return len(folding) * 2 * s.slot_bytes + sum(folding) * s.record_token_bytes
-
-
 def conv_window_bytes(s: Shape, commit_lens: list[int]) -> int:
     """Per row with ``n > 0``: its conv window of ``CONV_WIDTH - 1`` inputs of every channel
     read and written (activation dtype)."""
     folding = sum(1 for n in commit_lens if n > 0)
     return folding * 2 * (CONV_WIDTH - 1) * s.conv_channels * s.act_bytes
-
-
-def plan_bytes(batch: int, align: bool = False) -> int:
-    """num_accepted, query_start_loc [B+1], state_indices read (``align``: also num_computed
-    and two block-table entries a row); four int32 plan columns written."""
-    return 4 * (3 * batch + 1) + (4 * 3 * batch if align else 0) + 4 * 4 * batch
-
-
-def defer_bytes(batch: int, eager: bool = False) -> int:
-    """Per row: slot, record row and commit length read (``eager``: and a one-byte flag);
-    pending and commit length written."""
-    return 5 * 4 * batch + (batch if eager else 0)
-
-
-def flush_bytes(s: Shape, pending: list[int]) -> int:
-    """The flush plan (slot, record row, pending read; pending and four plan columns written
-    per row), then a commit of each row's pending count."""
-    return 8 * 4 * len(pending) + commit_bytes(s, pending)
 
 
 def flush_verify_bytes(s: Shape, batch: int, spec_len: int, pending: list[int]) -> int:
@@ -98,14 +72,9 @@ def op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[i
     ``spec_len`` tokens and per-row commit lengths ``commit_lens`` (also the pending counts)."""
     if name in STEPS:
         return sum(op_bytes(op, s, batch, spec_len, commit_lens) for op in STEPS[name])
-    return {
-        "verify": lambda: verify_bytes(s, batch, batch * spec_len),
-        "plan": lambda: plan_bytes(batch),
-        "defer": lambda: defer_bytes(batch),
-        "commit": lambda: commit_bytes(s, commit_lens),
-        "flush": lambda: flush_bytes(s, commit_lens),
-        "flush-verify": lambda: flush_verify_bytes(s, batch, spec_len, commit_lens),
-    }[name]()
+    if name == FLUSH_VERIFY:
+        return flush_verify_bytes(s, batch, spec_len, commit_lens)
+    return OPS[name].workload_bytes(s, batch, spec_len, commit_lens)
 
 
 def model_op_bytes(name: str, s: Shape, batch: int, spec_len: int, commit_lens: list[int], layers: int) -> int:
@@ -134,7 +103,7 @@ def op_folded_tokens(name: str, commit_lens: list[int]) -> int:
     (also the pending counts): its commit's or flush's; 0 for verify, plan and defer."""
     if name in STEPS:
         return sum(op_folded_tokens(op, commit_lens) for op in STEPS[name])
-    return sum(commit_lens) if name in ("commit", "flush", "flush-verify") else 0
+    return sum(commit_lens) if name == FLUSH_VERIFY or OPS[name].folds else 0
 
 
 def event_bytes(op: str, s: Shape, T: int, x: dict, plan: dict, pending: list[int]) -> tuple[int, int]:
@@ -144,35 +113,4 @@ def event_bytes(op: str, s: Shape, T: int, x: dict, plan: dict, pending: list[in
     ``record_indices``/``record_rows`` when present); ``plan``: the plan columns before the
     event (``PLAN_FIELDS`` -> list); ``pending``: the pending counts before the event.
     """
-    slots = x["state_indices"]
-    B = len(slots)
-    if op == "verify":
-        qsl = x["query_start_loc"]
-        lens = [min(max(qsl[b + 1] - qsl[b], 0), T) for b in range(B)]
-        rec = x.get("record_indices") or list(range(B))
-        real = sum(1 for b in range(B) if slots[b] > 0 and lens[b] > 0)
-        record_tokens = sum(lens[b] for b in range(B) if slots[b] > 0 and rec[b] >= 0)
-        return verify_bytes(s, real, qsl[-1], record_tokens), 0
-    if op == "plan":
-        return plan_bytes(B, align="block_table" in x), 0
-    if op == "defer":
-        return defer_bytes(B, eager="eager" in x), 0
-    if op == "commit":
-        rec = x.get("record_indices") or list(range(B))
-        total = folded = 0
-        for b in range(B):
-            n = min(plan["commit_lens"][b], T)
-            if n <= 0 or slots[b] <= 0 or rec[b] < 0:
-                continue
-            written = (plan["final_state_indices"][b] > 0) + (
-                plan["boundary_state_indices"][b] > 0 and 1 <= plan["boundary_recovery_lens"][b] <= n)
-            total += (1 + written) * s.slot_bytes + n * s.record_token_bytes
-            folded += n
-        return total, folded
-    rows, left, counts = x["record_rows"], list(pending), []
-    for b in range(B):
-        live = slots[b] > 0 and rows[b] >= 0
-        counts.append(min(max(left[rows[b]], 0), T) if live else 0)
-        if live:
-            left[rows[b]] = 0
-    return flush_bytes(s, counts), sum(counts)
+    return OPS[op].event_bytes(s, T, x, plan, pending)

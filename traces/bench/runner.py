@@ -31,7 +31,7 @@ def impl_routes(impls: dict, ops: tuple[str, ...] = ()) -> dict[str, dict[str, s
     (``traces.impl.loader.op_routes``), and with ``commit-context`` among ``ops``, the commit
     context it runs."""
     from traces.impl.loader import op_routes
-    from traces.format.commit_context import commit_context_type
+    from traces.replay.commit_context import commit_context_type
 
     routes = {spec: op_routes(impl, spec) for spec, impl in impls.items()}
     if "commit-context" in ops:

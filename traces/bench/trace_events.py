@@ -21,7 +21,9 @@ from traces.bench.designs import under_forced_designs
 from traces.bench.results import SMOKE_LABEL, BenchRun, Row
 from traces.bench.runner import finished_rows, impl_routes, start_run, timing_record
 from traces.format.schema import PLAN_FIELDS
-from traces.format.tape import event_call, trace_buffers
+from traces.ops.table import OPS
+from traces.replay.buffers import trace_buffers
+from traces.replay.play import event_call
 
 
 class TraceState:
@@ -42,7 +44,8 @@ class TraceState:
 
     def call(self, op: str, x: dict[str, torch.Tensor], attrs: dict) -> Callable[[], None]:
         """The event's call on the evolving buffers; a verify writes into a fresh output."""
-        out = torch.zeros_like(x["v"]) if op == "verify" else None
+        like = OPS[op].out_like
+        out = torch.zeros_like(x[like]) if like is not None else None
         return event_call(self.impl, op, x, attrs, self.bufs, self.T, self.lower_bound, out=out)
 
 
@@ -73,7 +76,7 @@ def run_trace_bench(trace, config: BenchConfig, device: str,
             except (RuntimeError, ValueError, TypeError) as exc:
                 broken = f"trace set-up failed: {type(exc).__name__}: {exc}"
             for i, event in enumerate(trace.events):
-                if event.op == "write":  # the engine's own writes: applied, not timed
+                if OPS[event.op].api is None:  # not a kernel call (the engine's own writes): applied, not timed
                     if broken is None:
                         x = {role: t.to(device) for role, t in trace.tensors(event.inputs).items()}
                         st.call(event.op, x, event.attrs)()

@@ -38,7 +38,7 @@ one call of a row is one model's: every op above on each of its layers, except
                    implementation has none: a commit a layer)
     step-stock     verify(s) for each layer; then one plan and one commit-layers
     commit-context one ``commit`` of the implementation's commit context over the model's
-                   layers (``traces.format.commit_context.commit_context_type``: kda's
+                   layers (``traces.replay.commit_context.commit_context_type``: kda's
                    ``kernels.context.engine`` for triton, a module's own where it has one):
                    plan through request indices, conv windows and state of every layer
 
@@ -154,7 +154,7 @@ class Workload:
         """Model ``g``'s commit context: layer ``j`` over the pool, records and conv state seen
         ``j B`` slots further on, planning into the model's first set's plan."""
         from kernels.context.engine import CommitLayer
-        from traces.format.commit_context import commit_context_type
+        from traces.replay.commit_context import commit_context_type
 
         B, H, _, K = self.slots.shape[1], *self.pool.shape[1:]
         views = [slice(j * B, j * B + span) for j in range(self.layers)]

@@ -19,10 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from traces.format.roles import (  # noqa: F401  (the roles are part of the schema's names)
-    ATTRS, BUFFERS, COMMIT_RECORDS, COMMIT_RULES, CONV_STATE, EXPECTED, INPUTS, LAYER_BUFFERS, PARAMS, PLAN_FIELDS,
-    SHARED_BUFFERS, WRITE_GROUPS, Role,
+from traces.ops import table
+from traces.ops.roles import (  # noqa: F401  (the roles are part of the schema's names)
+    BUFFERS, CONV_STATE, LAYER_BUFFERS, NULL_ID, PAD_ID, PARAMS, PLAN_FIELDS, SHARED_BUFFERS, Role,
 )
+from traces.ops.table import KERNEL_OPS, LAYER_OPS  # noqa: F401
 
 FORMAT_NAME = "kda-trace"
 SUFFIX = ".safetensors"
@@ -33,17 +34,16 @@ FORMAT_VERSION = 2
 as version 1 (``Manifest.version``)."""
 READ_VERSIONS = (1, 2)
 METADATA_KEY = "manifest"
-NULL_ID = 0
-"""Null state slot; any slot index ``<= NULL_ID`` is null."""
-PAD_ID = -1
-"""Smallest index a trace may hold: the padding id for slots and the 'no row' id for records."""
 
-OPS = ("verify", "plan", "defer", "commit", "flush", "write", "commit_layers")
-KERNEL_OPS = OPS[:5]
-"""The ops of one layer that are kernel calls; ``write`` is what changed in the buffers
-between them, ``commit_layers`` the engine's commit of every layer."""
-LAYER_OPS = OPS[:6]
-"""Ops on one layer's buffers, named by their attr ``layer`` (absent: 0)."""
+OPS = tuple(table.OPS)
+"""The ops a trace may hold (``traces.ops``): ``KERNEL_OPS`` are kernel calls, ``LAYER_OPS``
+run on one layer's buffers."""
+INPUTS = {name: dict(op.inputs) for name, op in table.OPS.items()}
+"""What each op reads, by role; the plan buffer is read from the evolving buffers, not here."""
+EXPECTED = {name: dict(op.expected) for name, op in table.OPS.items()}
+"""What each op writes, by role. Every expected role is optional."""
+ATTRS = {name: op.attrs for name, op in table.OPS.items()}
+"""Attrs an op may carry."""
 CONV_LAYOUTS = ("dim_first", "token_first")
 """Conv state pools: ``dim_first`` is ``[N, D, S]``, ``token_first`` ``[N, S, D]``."""
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
@@ -390,15 +390,17 @@ def _event(index: int, raw: Any, num_layers: int = 1) -> Event:
     layer = attrs.get("layer", 0)
     _expect(_is_int(layer) and 0 <= layer < num_layers,
             f"{where} ({op}): attrs.layer must be a layer index in [0, {num_layers - 1}], got {layer!r}")
-    _expect(isinstance(attrs.get("consume_pending", True), bool),
-            f"{where} ({op}): attrs.consume_pending must be true or false, got {attrs.get('consume_pending')!r}")
-    for attr, values in (("records", COMMIT_RECORDS), ("rule", COMMIT_RULES)):
+    spec = table.OPS[op]
+    for attr in spec.flags:
+        _expect(isinstance(attrs.get(attr, True), bool),
+                f"{where} ({op}): attrs.{attr} must be true or false, got {attrs.get(attr)!r}")
+    for attr, values in spec.choices.items():
         _expect(attrs.get(attr, values[0]) in values,
                 f"{where} ({op}): attrs.{attr} must be one of {', '.join(values)}, got {attrs.get(attr)!r}")
-    for group in WRITE_GROUPS if op == "write" else ():
+    for group in spec.groups:
         present = [role for role in group if role in inputs]
         _expect(len(present) in (0, len(group)), f"{where} ({op}): inputs {', '.join(group)} come together")
-    _expect(op != "write" or inputs, f"{where} ({op}): a write names no tensor")
+    _expect(spec.empty_inputs is None or inputs, f"{where} ({op}): {spec.empty_inputs}")
     placed = [role for role in ("states", "conv_windows") if role in expected]
     _expect(not placed or "slots" in expected,
             f"{where} ({op}): expected {', '.join(placed)} without the slots they hold (expected.slots)")

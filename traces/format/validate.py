@@ -14,9 +14,9 @@ from typing import Mapping, Protocol
 import torch
 
 from traces.format.schema import (
-    BUFFERS, CONV_STATE, EXPECTED, INPUTS, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError,
-    check_one_role_per_tensor,
+    BUFFERS, CONV_STATE, NULL_ID, PAD_ID, PARAMS, Event, Manifest, Role, TraceError, check_one_role_per_tensor,
 )
+from traces.ops.table import OPS
 
 DTYPE_NAMES = {
     torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
@@ -101,45 +101,42 @@ class _Checker:
 
     def check_event(self, i: int, event: Event) -> None:
         where = f"event {i} ({event.op})"
+        op = OPS[event.op]
         bound: dict[str, int] = {}
         conv_roles = {"conv_slots", "conv_states", "conv_windows"} & {*event.inputs, *event.expected}
-        if self.m.conv is None and (conv_roles or event.op == "commit_layers"):
-            what = "commit_layers" if event.op == "commit_layers" else sorted(conv_roles)[0]
+        if self.m.conv is None and (conv_roles or op.needs_conv):
+            what = event.op if op.needs_conv else sorted(conv_roles)[0]
             raise TraceError(f"{where}: {what} needs conv state; the trace has none (no 'conv' section)")
-        by_slot = event.attrs.get("records", "slot") == "slot"
-        if event.op == "commit_layers" and by_slot and self.m.sizes.num_record_rows != self.m.sizes.num_slots:
-            raise TraceError(f"{where}: the engine's commit keeps a record row per slot; the trace has "
-                             f"{self.m.sizes.num_record_rows} record rows for {self.m.sizes.num_slots} slots")
-        for section, roles in (("inputs", INPUTS[event.op]), ("expected", EXPECTED[event.op])):
+        problem = op.check_buffers(event.attrs, self.m.sizes) if op.check_buffers else None
+        if problem:
+            raise TraceError(f"{where}: {problem}")
+        for section, roles in (("inputs", op.inputs), ("expected", op.expected)):
             names = getattr(event, section)
             for role, spec in roles.items():
                 if role in names:
                     self.check(where, role, names[role], spec, bound)
         batch = bound.get("B", 0)
-        if event.op != "verify" and batch > self.m.sizes.plan_rows:
+        if op.plan_rows and batch > self.m.sizes.plan_rows:
             raise TraceError(f"{where}: batch of {batch} rows exceeds the plan's {self.m.sizes.plan_rows} rows")
-        own_rows = (event.op in ("verify", "commit") and "record_indices" not in event.inputs
-                    or event.op == "commit_layers" and not by_slot)
-        if own_rows and batch > self.m.sizes.num_record_rows:
-            why = "records by batch row" if event.op == "commit_layers" else "without record_indices"
+        why = op.record_rows(event.inputs, event.attrs)
+        if why and batch > self.m.sizes.num_record_rows:
             raise TraceError(f"{where}: {why}, {batch} rows need {batch} record rows, "
                              f"the trace has {self.m.sizes.num_record_rows}")
         lane = bound.get("Ttot", 0) * self.m.dims.H * max(self.m.dims.K, self.m.dims.V)
         if lane > INT32_MAX:  # the kernels offset tokens in int32
             raise TraceError(f"{where}: {bound['Ttot']} tokens of H*max(K, V) = {lane // bound['Ttot']} elements "
                              f"exceed {INT32_MAX} elements a tensor")
-        if event.op == "commit_layers" and "request_indices" not in event.inputs and bound.get("Rq", 0) < batch:
-            raise TraceError(f"{where}: without request_indices, {batch} rows need {batch} requests, "
-                             f"num_accepted holds {bound.get('Rq', 0)}")
-        if event.op in ("plan", "commit_layers"):
+        problem = op.check_batch(event.inputs, bound, batch) if op.check_batch else None
+        if problem:
+            raise TraceError(f"{where}: {problem}")
+        if op.align:
             self.check_align(where, event, bound)
-        if event.op == "write":
-            self.check_distinct(where, event)
+        self.check_distinct(where, event, op.distinct)
 
-    def check_distinct(self, where: str, event: Event) -> None:
-        """A write places each slot and record row once: two contents for one would leave the
-        result to the order of the copy."""
-        for role in ("slots", "rows", "conv_slots"):
+    def check_distinct(self, where: str, event: Event, roles: tuple[str, ...]) -> None:
+        """Each of an event's index inputs ``roles`` names a slot or record row once (a write's:
+        two contents for one would leave the result to the order of the copy)."""
+        for role in roles:
             if role in event.inputs:
                 name = event.inputs[role]
                 v = self.source.load(name).to(torch.int64).reshape(-1)

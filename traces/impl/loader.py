@@ -25,15 +25,7 @@ from types import ModuleType
 
 from traces.impl.release import RELEASE_SURFACE, ReleaseImpl, has_release_surface
 from traces.impl.surface import SURFACE, SurfaceImpl, has_surface
-
-API = {
-    "verify": "kda_recoverssm_verify",
-    "plan": "kda_recoverssm_plan",
-    "defer": "kda_recoverssm_defer",
-    "commit": "kda_recoverssm_commit",
-    "flush": "kda_recoverssm_flush",
-}
-"""Op name in a trace -> function name every implementation exposes."""
+from traces.ops.table import API
 
 
 BUILT_IN = ("triton", "reference")

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from types import ModuleType, SimpleNamespace
 
 from traces.impl.surface import KDA
+from traces.ops.table import API
 
 RELEASE_SURFACE = ("kda_recoverssm_verify", "KDARecoverSSMRecords", "KDARecoverSSMCommitContext")
 """What a module with the released stock surface has (and no ``record_indices`` in its verify)."""
@@ -79,8 +80,8 @@ class ReleaseImpl:
         self.allocate_records = buffers.allocate_records
         self.NULL_BLOCK_ID = buffers.NULL_BLOCK_ID
         self.KDARecoverSSMCommitContext = release_context(module, name)
-        self.routes = {"verify": f"{name} (kda_recoverssm_verify)", **{op: KDA for op in ("plan", "defer", "commit",
-                                                                                          "flush")}}
+        own = {"kda_recoverssm_verify": f"{name} (kda_recoverssm_verify)"}
+        self.routes = {op: own.get(function, KDA) for op, function in API.items()}
 
     def _records(self, records):
         return self._kda.KDARecoverSSMRecords(records.correction, records.key_gate)

@@ -6,7 +6,7 @@ A serving engine's RecoverSSM module exposes ``kda_recoverssm_verify``,
 module into the five-function API: verify, defer and the flush plan run through the module's
 own function and kernels, launched as documented (grid ``(B,)``, positional arguments); the
 stock plan, the commit and the commit half of a flush run through kda's Triton kernels. A
-module's own ``KDARecoverSSMCommitContext`` is kept (``traces.format.commit_context`` runs
+module's own ``KDARecoverSSMCommitContext`` is kept (``traces.replay.commit_context`` runs
 a trace's commit of every layer through it). ``routes`` says which op ran where.
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from types import ModuleType
+
+from traces.ops.table import API
 
 SURFACE = ("kda_recoverssm_verify", "KDARecoverSSMRecords", "_defer_commit_kernel", "_prepare_flush_plan_kernel")
 """What a module must have to be used through ``SurfaceImpl``."""
@@ -43,9 +45,10 @@ class SurfaceImpl:
         self.allocate_records = getattr(module, "allocate_records", None) or buffers.allocate_records
         self.NULL_BLOCK_ID = getattr(module, "NULL_BLOCK_ID", buffers.NULL_BLOCK_ID)
         self.KDARecoverSSMCommitContext = getattr(module, "KDARecoverSSMCommitContext", None)
-        self.routes = {"verify": f"{name} (kda_recoverssm_verify)", "plan": KDA,
-                       "defer": f"{name} (_defer_commit_kernel)", "commit": KDA,
-                       "flush": f"{name} (_prepare_flush_plan_kernel) + {KDA} (commit)"}
+        own = {"kda_recoverssm_verify": f"{name} (kda_recoverssm_verify)",
+               "kda_recoverssm_defer": f"{name} (_defer_commit_kernel)",
+               "kda_recoverssm_flush": f"{name} (_prepare_flush_plan_kernel) + {KDA} (commit)"}
+        self.routes = {op: own.get(function, KDA) for op, function in API.items()}
 
     def _records(self, records):
         return self._kda.KDARecoverSSMRecords(records.correction, records.key_gate)

@@ -52,6 +52,7 @@ from traces.record.program_call import Nesting, ProgramCall, guarded, kda_argume
 from traces.record.recorder import RecordedApi
 from traces.record.routing import LayerRouter, parse_layers
 from traces.record.shards import MergeResult, RecordError
+from traces.ops.table import API
 
 ENV_PATCH = "KDA_RECORD_PATCH"
 ENV_LAYER = "KDA_RECORD_LAYER"
@@ -59,8 +60,7 @@ ENV_LAYERS = "KDA_RECORD_LAYERS"
 BOOT_DIR = Path(__file__).with_name("boot")
 """Holds the ``sitecustomize`` that calls ``install_from_env`` in a child process."""
 
-FUNCTIONS = ("kda_recoverssm_verify", "kda_recoverssm_plan", "kda_recoverssm_defer", "kda_recoverssm_commit",
-             "kda_recoverssm_flush", "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
+FUNCTIONS = (*API.values(), "kda_recoverssm_flush_verify", "kda_recoverssm_plan_deferred")
 FUSED_PARTS = {"kda_recoverssm_flush_verify": ("kda_recoverssm_flush", "kda_recoverssm_verify"),
                "kda_recoverssm_plan_deferred": ("kda_recoverssm_plan", "kda_recoverssm_defer")}
 """A fused function -> the two calls it is recorded as, through the module's own."""

@@ -43,7 +43,8 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from traces.format.schema import NULL_ID, PLAN_FIELDS
+from traces.format.schema import PLAN_FIELDS
+from traces.ops.regions import written_slots
 from traces.record.capture import capturing
 from traces.record.events import Recording, check_options
 from traces.record.shards import MergeResult, RecordError, merge_shards, shards_dir
@@ -281,22 +282,6 @@ def _rows_or_default(record_indices, state_indices) -> torch.Tensor:
     return torch.arange(state_indices.shape[0], dtype=torch.int32)
 
 
-def written_slots(plan, state_indices, record_rows) -> torch.Tensor:
-    """Distinct slots a commit with this plan writes (docs/design.md §6), in row order (int64, CPU)."""
-    B = state_indices.shape[0]
-    n = plan.commit_lens[:B].cpu().long()
-    slots, rows = state_indices.reshape(-1).cpu().long(), record_rows.reshape(-1).cpu().long()
-    final, boundary = plan.final_state_indices[:B].cpu().long(), plan.boundary_state_indices[:B].cpu().long()
-    recovery = plan.boundary_recovery_lens[:B].cpu().long()
-    out: list[int] = []
-    for b in range(B):
-        if n[b] > 0 and slots[b] > NULL_ID and rows[b] >= 0:
-            for s, ok in ((int(final[b]), True), (int(boundary[b]), 1 <= recovery[b] <= n[b])):
-                if s > NULL_ID and ok and s not in out:
-                    out.append(s)
-    return torch.tensor(out, dtype=torch.int64)
-
-
 def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"slots": slots.to(torch.int32), "states": pool[slots.to(pool.device)]}
 
@@ -306,7 +291,8 @@ def record_play(tape, api, path: str | os.PathLike, device: str = "cpu", bufs=No
     so that what ``api`` computes becomes the expected results. ``bufs``: the buffers to
     play on (default: fresh ``initial_buffers``); the recorder binds them up front.
     ``snapshot``: the recorder's (``all`` keeps the initial buffers whole)."""
-    from traces.format.tape import initial_buffers, play
+    from traces.replay.buffers import initial_buffers
+    from traces.replay.play import play
 
     bufs = bufs or initial_buffers(tape, api, device)
     with Recorder(path, api, snapshot=snapshot) as rec:

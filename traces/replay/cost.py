@@ -16,11 +16,10 @@ import sys
 from types import ModuleType
 
 from traces.format.io import Trace
+from traces.ops.table import OPS
 
 TILE_OVERHEAD = 3700
 """A program's cost besides its K x V state tile, in tile elements."""
-OP_WEIGHT = {"verify": 1.0, "commit": 0.7, "flush": 0.7, "commit_layers": 0.7}
-"""Ops that run over the state, relative to verify (``commit_layers``: a layer's share)."""
 SMALL_OP_UNITS = 1000.0
 """A plan or a defer (a few tens of milliseconds)."""
 REFERENCE_MODULES = ("kernels.reference", "kernels.context.reference", "kernels.buffers", "kernels.contract")
@@ -32,18 +31,19 @@ event has run; the ETA is calibrated on the events that have."""
 
 def event_units(trace: Trace) -> list[float]:
     """Each event's cost in units: batch rows x heads x (K*V + ``TILE_OVERHEAD``) x its op's
-    weight for verify, commit and flush, times the layers for commit_layers; ``SMALL_OP_UNITS``
-    for plan, defer and write."""
+    weight (``traces.ops``' ``cost_weight``: verify, commit and flush), times the layers for an
+    op of every layer (commit_layers); ``SMALL_OP_UNITS`` for plan, defer and write."""
     d = trace.manifest.dims
     per_row = d.H * (d.K * d.V + TILE_OVERHEAD)
     units = []
     for event in trace.events:
-        if event.op not in OP_WEIGHT:
+        op = OPS[event.op]
+        if op.cost_weight is None:
             units.append(SMALL_OP_UNITS)
             continue
         rows = trace.meta(event.inputs["state_indices"]).shape[0]
-        layers = trace.manifest.num_layers if event.op == "commit_layers" else 1
-        units.append(OP_WEIGHT[event.op] * layers * rows * per_row)
+        layers = 1 if op.per_layer else trace.manifest.num_layers
+        units.append(op.cost_weight * layers * rows * per_row)
     return units
 
 

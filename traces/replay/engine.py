@@ -7,7 +7,7 @@ compared with the event's expected tensors; after the last, the final buffers.
 
 A trace of several layers (format v2) runs each layer's ops on that layer's buffers and
 its ``commit_layers`` events through a commit context of every layer
-(``traces.format.commit_context``); coordinates then name the layer, and ``layers``
+(``traces.replay.commit_context``); coordinates then name the layer, and ``layers``
 restricts the comparisons (not the run) to some of them.
 """
 
@@ -22,10 +22,13 @@ import torch
 
 from traces.replay.compare import DEFAULT_TOLERANCES, EXACT, Comparison, Tolerance, compare
 from traces.format.io import Trace
-from traces.format.schema import LAYER_OPS, PLAN_FIELDS, SHARED_BUFFERS, Event, TraceError
+from traces.format.schema import SHARED_BUFFERS, Event, TraceError
 from traces.impl.loader import op_routes
-from traces.format.tape import event_call, trace_layer_buffers
-from traces.format.commit_context import CommitContexts, commit_context_type
+from traces.ops.op import Outcome
+from traces.ops.regions import record_lane
+from traces.ops.table import OPS
+from traces.replay.buffers import trace_layer_buffers
+from traces.replay.commit_context import CommitContexts, commit_context_type
 
 EXACT_ROLES = ("records.key_gate",)
 """Float roles compared bit for bit: the key/gate records are copies of verify's inputs."""
@@ -137,8 +140,9 @@ def replay(trace: Trace, impl: ModuleType, *, device: str, impl_name: str = "",
     if missing:
         raise TraceError(f"layer {missing[0]} is not in the trace, which holds layers 0..{num_layers - 1}")
     routes = op_routes(impl, name)
-    if any(e.op == "commit_layers" for e in trace.events):
-        routes["commit_layers"] = commit_context_type(impl, name)[1]
+    through_context = dict.fromkeys(e.op for e in trace.events if not OPS[e.op].per_layer)
+    if through_context:
+        routes.update(dict.fromkeys(through_context, commit_context_type(impl, name)[1]))
     report = ReplayReport(str(trace.path), name, device, tol, timed=timed, event_range=(start, stop), routes=routes)
     state = _Buffers(trace, impl, device, sorted(layers if layers is not None else range(num_layers)))
     try:
@@ -192,22 +196,22 @@ class _Buffers:
         self.compared_layers = compared_layers
         self.named_layers = m.version != 1  # coordinates name the layer
         self.commits = CommitContexts(impl, self.layers, m.conv, self.T, self.lower_bound)
+        self.out: torch.Tensor | None = None  # the last verify's output
 
     def compared(self, event: Event) -> bool:
         """Whether ``event``'s results are compared: any but a per-layer event of a layer
         left out."""
-        return event.op not in LAYER_OPS or event.attrs.get("layer", 0) in self.compared_layers
+        return not OPS[event.op].per_layer or event.attrs.get("layer", 0) in self.compared_layers
 
     def run(self, index: int, event: Event, timed: bool) -> float | None:
         """Run one event on the buffers; return its GPU time in seconds when ``timed``."""
         x = {role: t.to(self.device) for role, t in self.trace.tensors(event.inputs).items()}
-        if event.op == "commit_layers":
-            call = self.commits.call(x, event.attrs)
-        else:
-            if event.op == "verify":
-                self.out = torch.full_like(x["v"], float("nan"))  # a token left unwritten shows as NaN
-            call = event_call(self.impl, event.op, x, event.attrs, self.layers[event.attrs.get("layer", 0)], self.T,
-                              self.lower_bound, out=self.out if event.op == "verify" else None)
+        op = OPS[event.op]
+        target = self.layers[event.attrs.get("layer", 0)] if op.per_layer else self.commits
+        out = None
+        if op.out_like is not None:
+            out = self.out = torch.full_like(x[op.out_like], float("nan"))  # a token left unwritten shows as NaN
+        call = op.call(self.impl, x, event.attrs, target, self.T, self.lower_bound, out)
         if not timed:
             call()
             return None
@@ -223,24 +227,26 @@ class _Buffers:
     def compare_event(self, index: int, event: Event, tol: dict[str, Tolerance]) -> list[Comparison]:
         if not event.expected:
             return []
+        op = OPS[event.op]
         layer = event.attrs.get("layer", 0)
-        named = self.named_layers and event.op in LAYER_OPS  # commit_layers names it per element
+        named = self.named_layers and op.per_layer  # an op of every layer names it per element
         base = {"event": index, "op": event.op, **({"layer": layer} if named else {})}
         cpu = self.trace.tensors(event.inputs)
         slots = cpu["state_indices"].long()
         batch = slots.shape[0]
         rec_key = "record_rows" if "record_rows" in cpu else "record_indices"
         rec = cpu[rec_key].long() if rec_key in cpu else torch.arange(batch)
+        outcome = Outcome(cpu, slots, rec, self.layers[layer], [self.layers[i] for i in self.compared_layers],
+                          self.compared_layers, self.out, self.T, self.K, self.trace.manifest.conv,
+                          lambda: self._written(event, batch))
         results = []
         for role, name in event.expected.items():
             if role == "slots":  # names the slots that "states" holds; nothing to compare
                 continue
             expected = self.trace.tensor(name)
-            if event.op == "commit_layers":
+            if not op.per_layer:  # its expected tensors hold every layer's
                 expected = expected[self.compared_layers]
-                actual, mask, locate = self._actual_layers(event, role, slots)
-            else:
-                actual, mask, locate = self._actual(event, self.layers[layer], role, cpu, slots, rec, expected)
+            actual, mask, locate = op.actual(role, outcome)
             c = compare(actual, expected, _tolerance(role, expected.dtype, tol), tensor=name, role=role, mask=mask)
             for bad in (c.first_bad, c.worst_bad):
                 if bad is not None:
@@ -261,74 +267,6 @@ class _Buffers:
             return int(rows[0, 0]) if len(rows) else None
         return written, row_of
 
-    def _actual_layers(self, event: Event, role: str, slots):
-        """A ``commit_layers`` event's ``states`` or ``conv_windows`` in the compared layers,
-        as its expected tensors hold them, and the coordinates of an index."""
-        written, row_of = self._written(event, slots.shape[0])
-        layers = [self.layers[i] for i in self.compared_layers]
-        if role == "states":
-            actual = torch.stack([b.pool[written.to(b.pool.device)] for b in layers])
-
-            def locate_state(i):
-                slot = int(written[i[1]])
-                return {"layer": self.compared_layers[i[0]], "batch_row": row_of(slot), "slot": slot, "head": i[2],
-                        "v": i[3], "k": i[4]}
-            return actual, None, locate_state
-        conv = self.trace.manifest.conv
-        history = conv.width - 1
-        dim_first = conv.layout == "dim_first"
-        windows = [b.conv[written.to(b.conv.device)] for b in layers]
-        actual = torch.stack([w[:, :, :history] if dim_first else w[:, :history, :] for w in windows])
-
-        def locate_window(i):
-            slot = int(written[i[1]])
-            channel, position = (i[2], i[3]) if dim_first else (i[3], i[2])
-            return {"layer": self.compared_layers[i[0]], "batch_row": row_of(slot), "slot": slot,
-                    "channel": channel, "position": position}
-        return actual, None, locate_window
-
-    def _actual(self, event: Event, bufs, role: str, cpu: dict, slots, rec, expected):
-        """What the implementation holds for ``role`` in layer buffers ``bufs``, the mask of
-        compared elements, and a function from an index of that tensor to named coordinates."""
-        K = self.K
-        batch = slots.shape[0]
-        if role == "out":
-            qsl = cpu["query_start_loc"].long()
-
-            def locate_token(i):
-                tok = i[1]
-                b = int(torch.searchsorted(qsl, torch.tensor(tok), right=True)) - 1
-                return {"batch_row": b, "slot": int(slots[b]), "token": tok, "t": tok - int(qsl[b]),
-                        "head": i[2], "v": i[3]}
-            return self.out, None, locate_token
-        if role.startswith("records."):
-            qsl = cpu["query_start_loc"].long()
-            lens = (qsl[1:] - qsl[:-1]).clamp(0, self.T)
-            written = (slots > 0) & (rec >= 0)
-            mask = (written[:, None] & (torch.arange(self.T)[None, :] < lens[:, None]))[:, None, :, None]
-            records = bufs.records
-            buf = records.correction if role == "records.correction" else records.key_gate
-            actual = buf[rec.clamp(min=0).to(buf.device)]
-
-            def locate_record(i):
-                b, h, t, j = i
-                where = {"batch_row": b, "slot": int(slots[b]), "record_row": int(rec[b]), "head": h, "t": t}
-                return {**where, **_record_lane(role, j, K)}
-            return actual, mask, locate_record
-        if role in PLAN_FIELDS:
-            return (getattr(bufs.plan, role)[:batch], None,
-                    lambda i: {"batch_row": i[0], "slot": int(slots[i[0]])})
-        if role == "pending":
-            return bufs.pending, None, lambda i: {"record_row": i[0]}
-        # states: the slots the op wrote, named by the expected "slots" tensor
-        written, row_of = self._written(event, batch)
-        pool = bufs.pool
-
-        def locate_state(i):
-            slot = int(written[i[0]])
-            return {"batch_row": row_of(slot), "slot": slot, "head": i[1], "v": i[2], "k": i[3]}
-        return pool[written.to(pool.device)], None, locate_state
-
     def compare_final(self, tol: dict[str, Tolerance]) -> list[Comparison]:
         m = self.trace.manifest
         shared = [(0, role, m.final[role]) for role in SHARED_BUFFERS]
@@ -347,12 +285,6 @@ class _Buffers:
         return results
 
 
-def _record_lane(role: str, j: int, K: int) -> dict[str, Any]:
-    if role == "records.correction":
-        return {"v": j}
-    return {"part": "key" if j < K else "gate", "k": j % K}
-
-
 def _buffer_coords(role: str, i: tuple[int, ...], K: int, conv) -> dict[str, Any]:
     if role == "conv_state":
         channel, position = (i[1], i[2]) if conv.layout == "dim_first" else (i[2], i[1])
@@ -360,7 +292,7 @@ def _buffer_coords(role: str, i: tuple[int, ...], K: int, conv) -> dict[str, Any
     if role == "checkpoint_state":
         return {"slot": i[0], "head": i[1], "v": i[2], "k": i[3]}
     if role.startswith("records."):
-        return {"record_row": i[0], "head": i[1], "t": i[2], **_record_lane(role, i[3], K)}
+        return {"record_row": i[0], "head": i[1], "t": i[2], **record_lane(role, i[3], K)}
     if role == "pending":
         return {"record_row": i[0]}
     return {"plan_row": i[0]}

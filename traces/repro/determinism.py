@@ -18,7 +18,8 @@ import torch
 
 from traces.format.io import read_trace
 from traces.record.recorder import record_play
-from traces.format.tape import Tape, initial_buffers
+from traces.format.tape import Tape
+from traces.replay.buffers import initial_buffers
 from traces.repro.expected import played
 
 

@@ -1,8 +1,9 @@
 """A tape's expected results computed by an oracle, for a tape of any number of layers.
 
-``with_expected`` plays every step through the oracle (``traces.format.tape.Player``: each
+``with_expected`` plays every step through the oracle (``traces.replay.play.Player``: each
 layer's ops on its buffers, ``commit_layers`` through the oracle's commit context) and
-reads back what each step wrote, as ``kda record`` records it (``traces.record``): verify's
+reads back what each step wrote (its op's ``written``, ``traces.ops``), as ``kda record``
+records it (``traces.record``): verify's
 ``out`` and the records of its rows, the plan rows, the pending counts, the slots a commit
 or flush wrote and their states, and for ``commit_layers`` the slots it wrote, every
 layer's states and first ``W - 1`` conv entries there.
@@ -14,9 +15,11 @@ from typing import Iterator
 
 import torch
 
-from traces.format.tape import Buffers, LayerTensors, Player, Step, Tape, initial_layer_buffers
-from traces.format.schema import PLAN_FIELDS, SHARED_BUFFERS
-from traces.record.recorder import written_slots
+from traces.format.tape import LayerTensors, Step, Tape
+from traces.replay.buffers import Buffers, initial_layer_buffers
+from traces.replay.play import Player
+from traces.format.schema import SHARED_BUFFERS
+from traces.ops.table import OPS
 
 
 def with_expected(tape: Tape, oracle, device: str = "cpu", final: bool = False) -> Tape:
@@ -45,31 +48,10 @@ def played(tape: Tape, api, device: str = "cpu", layers: list[Buffers] | None = 
 
 def written(step: Step, result, layers: list[Buffers], tape: Tape) -> dict[str, torch.Tensor]:
     """What ``step`` wrote (its expected roles, ``schema.EXPECTED``), read from ``layers``
-    right after it ran; ``result`` is what its op returned."""
-    x, B = step.inputs, step.batch
-    if step.op == "commit_layers":
-        by_row = step.attrs.get("records", "slot") == "batch_row"
-        slots = written_slots(layers[0].plan, x["state_indices"], torch.arange(B) if by_row else x["state_indices"])
-        history = tape.conv.width - 1
-        windows = [b.conv[slots.to(b.conv.device)] for b in layers]
-        windows = [w[:, :, :history] if tape.conv.layout == "dim_first" else w[:, :history] for w in windows]
-        return {"slots": slots.to(torch.int32), "states": torch.stack([b.pool[slots.to(b.pool.device)] for b in layers]),
-                "conv_windows": torch.stack(windows)}
-    bufs = layers[step.attrs.get("layer", 0)]
-    if step.op == "verify":
-        rows = x.get("record_indices", torch.arange(B)).long().clamp(min=0).to(bufs.pool.device)
-        return {"out": result, "records.correction": bufs.records.correction[rows],
-                "records.key_gate": bufs.records.key_gate[rows]}
-    if step.op == "plan":
-        return {f: getattr(bufs.plan, f)[:B] for f in PLAN_FIELDS}
-    if step.op == "defer":
-        return {"pending": bufs.pending, "commit_lens": bufs.plan.commit_lens[:B]}
-    if step.op in ("commit", "flush"):
-        rows = x["record_rows"] if step.op == "flush" else x.get("record_indices", torch.arange(B))
-        slots = written_slots(bufs.plan, x["state_indices"], rows)
-        states = {"slots": slots.to(torch.int32), "states": bufs.pool[slots.to(bufs.pool.device)]}
-        return {**states, "pending": bufs.pending} if step.op == "flush" else states
-    return {}
+    right after it ran (its op's ``written``, ``traces.ops``); ``result`` is what its op returned."""
+    op = OPS[step.op]
+    target = layers[step.attrs.get("layer", 0)] if op.per_layer else layers
+    return op.written(step.inputs, step.attrs, result, target, tape.conv)
 
 
 def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

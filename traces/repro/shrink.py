@@ -39,7 +39,9 @@ from traces.replay.engine import ReplayFailure, ReplayReport, replay
 from traces.format.schema import NULL_ID
 from traces.repro.expected import with_expected
 from traces.repro.slice import compact, drop_layer, drop_request, drop_rows, keep_heads, row_spaces, shorten_windows
-from traces.format.tape import Tape, initial_buffers, rebased
+from traces.format.tape import Tape
+from traces.replay.buffers import initial_buffers
+from traces.replay.play import rebased
 
 @dataclass(frozen=True)
 class Signature:

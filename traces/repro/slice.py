@@ -9,7 +9,8 @@ the caller regenerates them (``traces.repro.shrink``).
 Rows of a plan are positional: a plan or flush writes plan rows ``0..B-1`` and the defer and
 commit events after it read them by batch row. Such a run of events is one *row space*;
 removing batch row b removes it from every event of its space (and from the initial plan
-when the space starts before any plan). A trace of several layers (format v2) can lose a
+when the space starts before any plan; each op's ``row_space`` and ``reads_plan``,
+``traces.ops``, say where it stands). A trace of several layers (format v2) can lose a
 layer (``drop_layer``) and heads (``keep_heads``); the row, request and window cuts and
 ``compact`` are for traces of one layer without conv state (format v1). A verify is a row space of its own; a ``write`` has
 no batch rows and belongs to none, and is cut like the buffers it writes.
@@ -21,8 +22,10 @@ from typing import Callable
 
 import torch
 
-from traces.format.schema import LAYER_OPS, NULL_ID, PLAN_FIELDS, SHARED_BUFFERS
-from traces.format.tape import LayerTensors, Step, Tape, rebased
+from traces.format.schema import NULL_ID, PLAN_FIELDS, SHARED_BUFFERS
+from traces.format.tape import LayerTensors, Step, Tape
+from traces.ops.table import OPS
+from traces.replay.play import rebased
 
 _SLOT_INPUTS = ("state_indices", "block_table", "slots")
 _ROW_INPUTS = ("record_indices", "record_rows", "rows")
@@ -34,7 +37,7 @@ _ACTIVATIONS = ("q", "k", "v", "raw_g", "raw_beta")
 def cut_events(tape: Tape, start: int, stop: int, oracle, device: str = "cpu",
                progress: Callable[[int, int], None] | None = None) -> Tape:
     """Events ``start..stop-1`` with their recorded expected results; the initial buffers
-    are the state before ``start`` (``traces.format.tape.rebased``; ``progress(done, start)``
+    are the state before ``start`` (``traces.replay.play.rebased``; ``progress(done, start)``
     follows each event run to build them). The final buffers are kept only when ``stop``
     is the end."""
     n = len(tape.steps)
@@ -53,10 +56,10 @@ def drop_layer(tape: Tape, layer: int) -> Tape:
     plan = {role: tape.initial[role] for role in SHARED_BUFFERS}
     steps = []
     for s in tape.steps:
-        at = s.attrs.get("layer", 0)
-        if s.op in LAYER_OPS and at == layer:
+        at, per_layer = s.attrs.get("layer", 0), OPS[s.op].per_layer
+        if per_layer and at == layer:
             continue
-        attrs = {**s.attrs, "layer": at - 1} if s.op in LAYER_OPS and at > layer else dict(s.attrs)
+        attrs = {**s.attrs, "layer": at - 1} if per_layer and at > layer else dict(s.attrs)
         steps.append(Step(s.op, s.inputs, {}, attrs))
     return tape.with_layers([LayerTensors(x.params, x.initial) for x in layers], plan, steps=steps)
 
@@ -68,11 +71,12 @@ def row_spaces(tape: Tape) -> list[list[int]]:
     readers: list[int] = []
     current = readers
     for i, s in enumerate(tape.steps):
-        if s.op == "write":
+        where = OPS[s.op].row_space
+        if where is None:
             continue
-        if s.op == "verify":
+        if where == "own":
             spaces.append([i])
-        elif s.op in ("plan", "flush"):
+        elif where == "opens":
             current = [i]
             spaces.append(current)
         else:
@@ -88,7 +92,7 @@ def drop_rows(tape: Tape, space: list[int], rows: list[int]) -> Tape:
     for i in space:
         steps[i] = _without_rows(steps[i], drop)
     initial = tape.initial
-    if tape.steps[space[0]].op in ("defer", "commit"):
+    if OPS[tape.steps[space[0]].op].reads_plan:
         initial = dict(initial)
         for f in PLAN_FIELDS:
             col = initial[f"plan.{f}"]
@@ -151,7 +155,7 @@ def shorten_windows(tape: Tape, T: int) -> Tape:
         inputs = _clamped_to_window(s.inputs, T)
         if "query_start_loc" in inputs:
             lens = _lens(inputs["query_start_loc"])
-            if s.op == "verify":
+            if OPS[s.op].tokens:
                 keep = [t for b, n in enumerate(lens) for t in range(_start(lens, b), _start(lens, b) + min(n, T))]
                 for role in _ACTIVATIONS:
                     inputs[role] = inputs[role][:, keep]
@@ -166,7 +170,7 @@ def compact(tape: Tape) -> Tape:
     the plan to the largest batch that reads it. Semantics are unchanged."""
     steps = [Step(s.op, _explicit_rows(s), s.expected, s.attrs) for s in tape.steps]
     initial = dict(tape.initial)
-    plan_rows = max([s.batch for s in steps if s.op != "verify"] + [1])
+    plan_rows = max([s.batch for s in steps if OPS[s.op].plan_rows] + [1])
     for f in PLAN_FIELDS:
         initial[f"plan.{f}"] = initial[f"plan.{f}"][:plan_rows]
     slot_refs = [s.inputs[r] for s in steps for r in _SLOT_INPUTS if r in s.inputs]
@@ -224,9 +228,10 @@ def _remap(t: torch.Tensor, mapping: torch.Tensor, floor: int) -> torch.Tensor:
 
 
 def _explicit_rows(s: Step) -> dict[str, torch.Tensor]:
-    """Inputs with the default record rows (row b) of verify and commit written out."""
+    """Inputs with the default record rows (row b) of an op that takes ``record_indices``
+    (verify, commit) written out."""
     inputs = dict(s.inputs)
-    if s.op in ("verify", "commit") and "record_indices" not in inputs:
+    if "record_indices" in OPS[s.op].inputs and "record_indices" not in inputs:
         inputs["record_indices"] = torch.arange(s.batch, dtype=torch.int32)
     return inputs
 
@@ -253,7 +258,7 @@ def _without_rows(s: Step, drop: set[int]) -> Step:
             inputs[role] = inputs[role][idx]
     if "query_start_loc" in inputs:
         lens = _lens(inputs["query_start_loc"])
-        if s.op == "verify":
+        if OPS[s.op].tokens:
             tokens = [t for b in keep for t in range(_start(lens, b), _start(lens, b) + lens[b])]
             for role in _ACTIVATIONS:
                 inputs[role] = inputs[role][:, tokens]

@@ -34,7 +34,7 @@ def commit_context_type(impl, name: str = "") -> tuple[Any, str]:
 
 def open_commit_context(impl, layers: list, conv: ConvSpec, spec_query_len: int,
                         lower_bound: float | None, records: str = "slot", rule: str = "kda"):
-    """A commit context over the replay's ``layers`` (one ``traces.format.tape.Buffers`` a
+    """A commit context over the replay's ``layers`` (one ``traces.replay.buffers.Buffers`` a
     layer, each with its conv state pool), for windows of ``spec_query_len`` tokens and batches
     of up to the shared plan's rows, keeping ``records`` under ``rule``
     (``kernels.commit_rules``); its plan is that shared plan.
@@ -70,7 +70,7 @@ def context_options(context_type, records: str, rule: str) -> dict[str, str]:
 
 class CommitContexts:
     """The commit contexts a played trace runs its ``commit_layers`` events through, over
-    ``layers`` (one ``traces.format.tape.Buffers`` a layer): one for each ``(records, rule)``
+    ``layers`` (one ``traces.replay.buffers.Buffers`` a layer): one for each ``(records, rule)``
     the events name (kda's where absent), opened (``open_commit_context``) when first needed."""
 
     def __init__(self, impl, layers: list, conv: ConvSpec, spec_query_len: int, lower_bound: float | None):
@@ -78,14 +78,10 @@ class CommitContexts:
         self.spec_query_len, self.lower_bound = spec_query_len, lower_bound
         self.opened: dict[tuple[str, str], Any] = {}
 
-    def call(self, x: dict, attrs: dict):
-        """A ``commit_layers`` event's call of its context's ``commit`` (``x``: its inputs by
-        role on the device), ready to run."""
-        key = attrs.get("records", "slot"), attrs.get("rule", "kda")
+    def open(self, records: str = "slot", rule: str = "kda"):
+        """The context of ``records`` and ``rule``, opened the first time it is asked for."""
+        key = records, rule
         if key not in self.opened:
             self.opened[key] = open_commit_context(self.impl, self.layers, self.conv, self.spec_query_len,
                                                    self.lower_bound, *key)
-        context = self.opened[key]
-        return lambda: context.commit(x["num_accepted"], x["state_indices"], x["query_start_loc"],
-                                      x.get("request_indices"), x.get("block_table"), x.get("num_computed"),
-                                      attrs.get("block_size"))
+        return self.opened[key]
