@@ -201,7 +201,8 @@ suite_commit_context() {
 }
 
 suite_layers() {
-    logged "commit-layers tests" 60 pytest-commit-layers.txt python3 -m pytest -m gpu -q tests/kernels/test_commit_layers.py
+    logged "commit-layers tests" 60 pytest-commit-layers.txt python3 -m pytest -m gpu -q \
+        tests/kernels/test_commit_layers.py
     for T in 8 4; do
         for L in 1 24; do
             step "bench L=$L T=$T" 65 python3 -m kda_cli bench --spec-len "$T" --batch 1,8,64,256 --layers "$L" \
@@ -233,7 +234,8 @@ suite_designs() {
 
 suite_commit_variant() {
     local variant="${ARGS[0]:?name a variant: benchmarks/variants/NAME.py or OP=DESIGN}" name forced tests
-    tests=(tests/kernels/test_commit_layers.py tests/traces/record/test_record_layers.py tests/traces/format/test_trace_v2.py)
+    tests=(tests/kernels/test_commit_layers.py tests/traces/record/test_record_layers.py
+        tests/traces/format/test_trace_v2.py)
     if [[ "$variant" == *=* ]]; then
         name=${variant//[=,]/-}
         forced=(env "KDA_DESIGN=$variant" timeout -s TERM 150 python3 -m pytest)

@@ -112,5 +112,5 @@ def test_synthesised_traces_replay_through_the_seed_kernels(mode, tmp_path, caps
     code, out, err = run_kda(["replay", str(path), "--impl", "tests/support/seed_surface.py", "--no-progress"],
                              capsys, monkeypatch)
     assert code == 0, f"synth --seed {seed_value}: {out}{err}"
-    assert "flush (_prepare_flush_plan_kernel)" in out.split("ops through: tests/support/seed_surface.py: ")[1].split(";")[0] \
-        or mode == "stock"
+    assert "flush (_prepare_flush_plan_kernel)" in \
+        out.split("ops through: tests/support/seed_surface.py: ")[1].split(";")[0] or mode == "stock"

@@ -107,7 +107,8 @@ def test_an_engine_with_a_commit_context_records_every_layer_and_its_commit(cont
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl, exact", [("triton", True), ("reference", False), ("tests/support/context_surface.py", True)])
+@pytest.mark.parametrize("impl, exact", [("triton", True), ("reference", False),
+                                         ("tests/support/context_surface.py", True)])
 def test_the_recording_replays_through_kda_the_reference_and_the_module(context_trace, impl, exact, capfd,
                                                                         monkeypatch):
     code, report = replay(context_trace, impl, capfd, monkeypatch, *(["--atol", "0", "--rtol", "0"] if exact else []))

@@ -176,7 +176,8 @@ def test_a_trace_left_by_an_earlier_run_is_not_reported_as_recorded(tmp_path, ca
     code, out, err = run_kda(["record", "run", str(path), *PATCHES, "--force", "--", sys.executable, "-c", "pass"],
                              capfd, monkeypatch)
     assert code == 3 and "wrote" not in out + err, out + err
-    assert err.strip().splitlines()[-1] == "Error: nothing was recorded: was tests.support.documented_surface, kernels imported?"
+    assert err.strip().splitlines()[-1] == \
+        "Error: nothing was recorded: was tests.support.documented_surface, kernels imported?"
     assert path.read_bytes() == before
 
 
