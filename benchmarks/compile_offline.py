@@ -82,7 +82,7 @@ import kernels  # noqa: E402
 import kernels.dependent_launch  # noqa: E402
 from kernels import launch  # noqa: E402
 from kernels.buffers import CommitPlan  # noqa: E402
-from tests.kernel_problems import make_problem  # noqa: E402
+from tests.support.kernel_problems import make_problem  # noqa: E402
 
 launch.Target.of = staticmethod(lambda device: launch.H200)
 kernels.dependent_launch.is_hopper_or_later = lambda device: True

@@ -37,7 +37,7 @@
 #   release-bench   kda bench --impl triton,MODULE: verify at T=8 and the commit context at
 #                   L=1 and 24, B=1,8,64,256
 #
-# The release suites take the module from the tree tests/vllm_release.py lays, copied into the
+# The release suites take the module from the tree tests/support/vllm_release.py lays, copied into the
 # ignored folder .vllm/ and carried (KDA_VLLM_CACHE=.vllm). BENCH_ARGS replaces the sampling
 # options of check-bench and acceptance (default "--row-seconds 0.15 --reps 30") and adds
 # options to full's benches.
@@ -169,7 +169,7 @@ PY
 
 suite_acceptance() {
     local trace
-    logged "seed kernels" 120 pytest-seed.txt python3 -m pytest -m gpu -q tests/test_seed_kernels.py
+    logged "seed kernels" 120 pytest-seed.txt python3 -m pytest -m gpu -q tests/kernels/test_seed_kernels.py
     for T in 8 4; do
         sweep "bench T=$T" 130 "$T" 1,2,4,8,64,128,256 "bench-k3-tp8-T$T.json"
     done
@@ -186,8 +186,9 @@ suite_acceptance() {
 }
 
 suite_commit_context() {
-    logged "context tests" 120 pytest-commit-context.txt python3 -m pytest -q tests/test_commit_layers.py \
-        tests/test_example_engine.py tests/test_bench.py -k "example_module or conv_window_bug or context or conv_update"
+    logged "context tests" 120 pytest-commit-context.txt python3 -m pytest -q tests/kernels/test_commit_layers.py \
+        tests/examples/test_example_engine.py tests/traces/bench/test_bench.py \
+        -k "example_module or conv_window_bug or context or conv_update"
     for T in 8 4; do
         for L in 1 24; do
             step "bench L=$L T=$T" 90 python3 -m kda_cli bench --spec-len "$T" --batch 1,8,64,256 --layers "$L" \
@@ -200,7 +201,8 @@ suite_commit_context() {
 }
 
 suite_layers() {
-    logged "commit-layers tests" 60 pytest-commit-layers.txt python3 -m pytest -m gpu -q tests/test_commit_layers.py
+    logged "commit-layers tests" 60 pytest-commit-layers.txt python3 -m pytest -m gpu -q \
+        tests/kernels/test_commit_layers.py
     for T in 8 4; do
         for L in 1 24; do
             step "bench L=$L T=$T" 65 python3 -m kda_cli bench --spec-len "$T" --batch 1,8,64,256 --layers "$L" \
@@ -232,7 +234,8 @@ suite_designs() {
 
 suite_commit_variant() {
     local variant="${ARGS[0]:?name a variant: benchmarks/variants/NAME.py or OP=DESIGN}" name forced tests
-    tests=(tests/test_commit_layers.py tests/test_record_layers.py tests/test_trace_v2.py)
+    tests=(tests/kernels/test_commit_layers.py tests/traces/record/test_record_layers.py
+        tests/traces/format/test_trace_v2.py)
     if [[ "$variant" == *=* ]]; then
         name=${variant//[=,]/-}
         forced=(env "KDA_DESIGN=$variant" timeout -s TERM 150 python3 -m pytest)
@@ -268,9 +271,9 @@ release_env() {
 suite_release_tests() {
     local config T dtype flags trace dim_first line impl exact code engines=0
     release_env
-    logged "release tests" 300 pytest-release.txt python3 -m pytest -q -x tests/test_vllm_release.py \
-        tests/test_record_exact_calls.py
-    timeout -s TERM 200 python3 -m pytest -q -x -m gpu tests/test_commit_layers.py 2>&1 | tail -n 3 \
+    logged "release tests" 300 pytest-release.txt python3 -m pytest -q -x tests/traces/impl/test_vllm_release.py \
+        tests/traces/record/test_record_exact_calls.py
+    timeout -s TERM 200 python3 -m pytest -q -x -m gpu tests/kernels/test_commit_layers.py 2>&1 | tail -n 3 \
         | tee -a "$RUN/pytest-release.txt"
     note "context tests" "${PIPESTATUS[0]}"
     for config in "8 fp32 --graphs" "8 bf16 --graphs --align" "4 fp32 --graphs --align --conv-dim-first" \

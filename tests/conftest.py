@@ -2,7 +2,7 @@
 
 The interpreter must be chosen before any kernel module is imported, so it is set here,
 at collection time, and nowhere in ``kernels/``. Random inputs take their seeds from
-``tests.seeds.fresh_seed``: the run's base seed is in the header, the closing summary
+``tests.support.seeds.fresh_seed``: the run's base seed is in the header, the closing summary
 (shown under ``-q`` too) and every failure report, and ``KDA_TEST_SEED=N`` replays a
 run's inputs. The base seed is put in the environment, so the workers of ``pytest -n N``
 (pytest-xdist), started after this file is loaded, draw from the seed the run prints.
@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from tests import seeds
+from tests.support import seeds
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

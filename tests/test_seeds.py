@@ -26,7 +26,7 @@ def _run(folder: Path, seed: str | None, returncode: int = 1, options: tuple[str
 
 def test_a_failure_prints_the_seed_that_replays_it(tmp_path):
     (tmp_path / "test_draws.py").write_text(
-        "from tests.seeds import fresh_seed\n\n\n"
+        "from tests.support.seeds import fresh_seed\n\n\n"
         "def test_draws():\n"
         "    print('drew', fresh_seed(), fresh_seed())\n"
         "    assert False\n")
@@ -51,7 +51,7 @@ def test_the_workers_of_pytest_n_draw_from_the_seed_the_run_prints(tmp_path):
     pytest.importorskip("xdist")
     (tmp_path / "test_draws.py").write_text(
         "import pytest\n"
-        "from tests.seeds import fresh_seed\n\n\n"
+        "from tests.support.seeds import fresh_seed\n\n\n"
         "@pytest.mark.parametrize('n', range(4))\n"
         "def test_draws(n):\n"
         "    print('drew', n, fresh_seed())\n"

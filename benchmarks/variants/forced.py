@@ -2,13 +2,13 @@
 ``overrides.wrap_api`` puts beside the API), for the whole session:
 
     KDA_VARIANT=benchmarks/variants/uniform_register_budget.py PYTHONPATH=. \
-        python3 -m pytest -p benchmarks.variants.forced -q tests/test_commit_layers.py
+        python3 -m pytest -p benchmarks.variants.forced -q tests/kernels/test_commit_layers.py
 
 Tests that force a design themselves (``KDA_DESIGN``) keep theirs; a variant's attribute
 overrides apply under every design. A design alone needs no variant: ``KDA_DESIGN=OP=DESIGN
 python3 -m pytest ...`` runs the tests under it (it fails the tests of the decision table's
-own choice: ``-k 'not until_a_layer'`` deselects the one in tests/test_commit_layers.py). The
-header names the variant.
+own choice: ``-k 'not until_a_layer'`` deselects the one in
+tests/kernels/test_commit_layers.py). The header names the variant.
 """
 
 from __future__ import annotations

@@ -482,7 +482,7 @@ def run_gpu(batches: list[int], only: str) -> int:
 def shipped_verify_us(batch: int) -> float:
     """The whole stock verify of kda at k3-tp8, ``batch`` full windows of T=8."""
     import kernels
-    from tests.kernel_problems import make_problem
+    from tests.support.kernel_problems import make_problem
 
     p = make_problem("cuda", H=H, K=K, V=V, T=8, act=torch.bfloat16, state_dtype=torch.float32, lower_bound=-5.0,
                      seed=batch, lengths=[8] * batch, kinds=[1] * batch)

@@ -1,6 +1,6 @@
 """kda's surface with a commit context whose conv-state compaction is wrong in one layer: after
 each commit, layer 1's conv window of the first slot it wrote has entry 0 of channel 0 one
-higher. As an engine's module (``tests/context_engine.py --module``) its recording expects
+higher. As an engine's module (``tests/support/context_engine.py --module``) its recording expects
 the wrong window; as ``--impl`` it computes it."""
 
 from kernels import *  # noqa: F401,F403  (the whole API)

@@ -1,4 +1,4 @@
-"""The released vLLM 0.33.0 module (``tests.vllm_release`` puts it on the path) with a commit
+"""The released vLLM 0.33.0 module (``tests.support.vllm_release`` puts it on the path) with a commit
 context whose commit corrupts one layer: after each commit, layer 1's state at the first slot
 the plan wrote has element (head 0, v 1, k 2) one higher. As an engine's module
 (``examples/vllm_engine.py --module``) its recording expects the wrong state."""
