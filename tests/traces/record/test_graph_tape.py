@@ -1,12 +1,12 @@
 """The copies a ``GraphTape`` captures into a graph, read back at each replay (``traces.record.graphs``),
-on ``tests.graph_fakes.FakeGraph`` and, with CUDA, on ``torch.cuda.CUDAGraph``."""
+on ``tests.support.graph_fakes.FakeGraph`` and, with CUDA, on ``torch.cuda.CUDAGraph``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.graph_fakes import FakeGraph, fake_hooks, is_capturing, torch_capturing
+from tests.support.graph_fakes import FakeGraph, fake_hooks, is_capturing, torch_capturing
 from traces.record.graphs import Gathered, GraphHooks, GraphRecordError, GraphTape
 
 ROWS, WIDTH = 6, 3

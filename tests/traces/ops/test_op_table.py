@@ -13,7 +13,7 @@ from traces.format import schema
 from traces.ops.op import Op
 from traces.ops.table import OPS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TABLE_READERS = ("traces/format", "traces/impl", "traces/replay", "traces/repro", "traces/corpus", "traces/synth",
                  "kda_cli")
 """Where an op is known only through the table."""
