@@ -36,6 +36,10 @@
 #                   the release itself, bit for bit (engines.txt)
 #   release-bench   kda bench --impl triton,MODULE: verify at T=8 and the commit context at
 #                   L=1 and 24, B=1,8,64,256
+#   regression RUN  a change that moves no kernel's code, against an earlier release-bench run
+#                   (a folder of results/): the whole `pytest -m gpu` (on 6 workers where
+#                   pytest-xdist is importable), the release's tests, then release-bench's
+#                   verify and L=24 commit context with --compare against RUN's files
 #
 # The release suites take the module from the tree tests/support/vllm_release.py lays, copied into the
 # ignored folder .vllm/ and carried (KDA_VLLM_CACHE=.vllm). BENCH_ARGS replaces the sampling
@@ -45,11 +49,12 @@
 # manifest.json: the commit (COMMIT, else git's HEAD), the device, the command, each step's
 # exit status and the files.
 # Runs from a plain checkout: PYTHONPATH is the repository root, absolute (a bundle's repro.sh
-# runs in another folder). Exit status: non-zero if a step failed or ran out of its time.
+# runs in another folder), ahead of the caller's. Exit status: non-zero if a step failed or
+# ran out of its time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD" NO_COLOR=1 PYTHONUNBUFFERED=1
-SUITES=" tests check check-bench final full acceptance commit-context layers designs commit-variant release-tests release-bench "
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NO_COLOR=1 PYTHONUNBUFFERED=1
+SUITES=" tests regression check check-bench final full acceptance commit-context layers designs commit-variant release-tests release-bench "
 SUITE="${1:?name a suite (benchmarks/run.sh lists them)}"
 shift
 if [[ "$SUITES" != *" $SUITE "* ]]; then
@@ -105,6 +110,21 @@ sweep() {  # sweep NAME SECONDS T BATCHES FILE [BENCH-ARGS...]: k3-tp8 over the 
 
 suite_tests() {
     logged "pytest -m gpu" 330 pytest-gpu.txt python3 -m pytest -m gpu -q -p no:cacheprovider
+}
+
+suite_regression() {
+    local baseline="${ARGS[0]:?name the earlier release-bench run (a folder of benchmarks/results)}" workers=()
+    python3 -c "import xdist" 2> /dev/null && workers=(-n 6)
+    release_env
+    logged "pytest -m gpu" 330 pytest-gpu.txt python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}"
+    logged "release tests" 200 pytest-release.txt python3 -m pytest -q -p no:cacheprovider \
+        tests/traces/impl/test_vllm_release.py tests/traces/record/test_record_exact_calls.py
+    local sampling=(--row-seconds 0.1 --reps 20 --impl "triton,$RELEASE" --batch 1,8,64,256)
+    step "release verify" 100 python3 -m kda_cli bench "${sampling[@]}" --ops verify \
+        --compare "$baseline/release-verify-T8.json" --save "$RUN/release-verify-T8.json"
+    step "release commit-context L=24" 100 python3 -m kda_cli bench "${sampling[@]}" --layers 24 \
+        --ops commit-context --compare "$baseline/release-commit-context-L24.json" \
+        --save "$RUN/release-commit-context-L24.json"
 }
 
 suite_check() {
@@ -265,7 +285,7 @@ suite_commit_variant() {
 RELEASE=vllm.models.kimi_k3.nvidia.ops.recoverssm
 
 release_env() {
-    export PYTHONPATH="$PWD:$PWD/.vllm/tree" KDA_VLLM_CACHE="$PWD/.vllm"
+    export PYTHONPATH="$PYTHONPATH:$PWD/.vllm/tree" KDA_VLLM_CACHE="$PWD/.vllm"
 }
 
 suite_release_tests() {
