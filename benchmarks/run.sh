@@ -116,13 +116,13 @@ suite_regression() {
     local baseline="${ARGS[0]:?name the earlier release-bench run (a folder of benchmarks/results)}" workers=()
     python3 -c "import xdist" 2> /dev/null && workers=(-n 6)
     release_env
-    logged "pytest -m gpu" 330 pytest-gpu.txt python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}"
-    logged "release tests" 200 pytest-release.txt python3 -m pytest -q -p no:cacheprovider \
+    logged "pytest -m gpu" 240 pytest-gpu.txt python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}"
+    logged "release tests" 120 pytest-release.txt python3 -m pytest -q -p no:cacheprovider \
         tests/traces/impl/test_vllm_release.py tests/traces/record/test_record_exact_calls.py
     local sampling=(--row-seconds 0.1 --reps 20 --impl "triton,$RELEASE" --batch 1,8,64,256)
-    step "release verify" 100 python3 -m kda_cli bench "${sampling[@]}" --ops verify \
+    step "release verify" 90 python3 -m kda_cli bench "${sampling[@]}" --ops verify \
         --compare "$baseline/release-verify-T8.json" --save "$RUN/release-verify-T8.json"
-    step "release commit-context L=24" 100 python3 -m kda_cli bench "${sampling[@]}" --layers 24 \
+    step "release commit-context L=24" 90 python3 -m kda_cli bench "${sampling[@]}" --layers 24 \
         --ops commit-context --compare "$baseline/release-commit-context-L24.json" \
         --save "$RUN/release-commit-context-L24.json"
 }
