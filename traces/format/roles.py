@@ -157,12 +157,13 @@ commit_layers: ``slots`` (distinct real slots written), per layer ``states`` and
 
 ATTRS = {"plan": ("block_size", "layer"), "flush": ("consume_pending", "layer"),
          "commit_layers": ("block_size", "records", "rule"),
-         **{op: ("layer",) for op in ("verify", "defer", "commit", "write")}}
+         "verify": ("layer", "graph_replay"), **{op: ("layer",) for op in ("defer", "commit", "write")}}
 """Attrs an op may carry. flush ``consume_pending``: whether the flush zeroed the counts it
 folded (kda's flush API) or left them (the documented flush plan kernel); absent = true.
 commit_layers ``records`` (``COMMIT_RECORDS``): the record row batch row b folds, that of its
 slot (``slot``, absent) or row b itself (``batch_row``); ``rule`` (``COMMIT_RULES``): the
 engine's align-mode rule, kda's (``kda``, absent) or the released vLLM engine's
-(docs/trace-format.md)."""
+(docs/trace-format.md). verify ``graph_replay``: the event is a verify a CUDA graph held, recorded
+at the recording's N-th graph replay (N >= 1; ``traces.record.graph_calls``)."""
 COMMIT_RECORDS = ("slot", "batch_row")
 COMMIT_RULES = ("kda", "vllm-0.33.0")

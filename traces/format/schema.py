@@ -390,6 +390,9 @@ def _event(index: int, raw: Any, num_layers: int = 1) -> Event:
     layer = attrs.get("layer", 0)
     _expect(_is_int(layer) and 0 <= layer < num_layers,
             f"{where} ({op}): attrs.layer must be a layer index in [0, {num_layers - 1}], got {layer!r}")
+    replay = attrs.get("graph_replay", 1)
+    _expect(_is_int(replay) and replay >= 1,
+            f"{where} ({op}): attrs.graph_replay must be a replay number >= 1, got {replay!r}")
     _expect(isinstance(attrs.get("consume_pending", True), bool),
             f"{where} ({op}): attrs.consume_pending must be true or false, got {attrs.get('consume_pending')!r}")
     for attr, values in (("records", COMMIT_RECORDS), ("rule", COMMIT_RULES)):
