@@ -172,7 +172,11 @@ def test_the_hooks_are_installed_for_the_life_of_the_recording(tmp_path):
     assert not hasattr(FakeGraph.replay, "_graph_hooks")
 
 
-def test_the_option_reaches_the_recorder_from_the_environment():
+def test_the_option_reaches_the_recorder_from_the_environment(tmp_path):
+    from traces.record.run import child_env
+
+    assert child_env(tmp_path / "t.safetensors", graphs=True, base={})[0]["KDA_RECORD_GRAPHS"] == "1"
+    assert child_env(tmp_path / "t.safetensors", base={})[0]["KDA_RECORD_GRAPHS"] == "0"
     assert options_from_env({"KDA_RECORD_GRAPHS": "1"}) == {"graphs": True}
     assert options_from_env({"KDA_RECORD_GRAPHS": "0"}) == {"graphs": False}
     with pytest.raises(RecordError, match="KDA_RECORD_GRAPHS"):
