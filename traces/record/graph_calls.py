@@ -11,8 +11,8 @@ would make it, but with the regions read from the tape's copies (``Recording.beg
 ``end``'s ``contents``) rather than from the buffers, which hold what the whole replay left;
 each carries the attr ``graph_replay``, the number of the replay among those recorded.
 
-What the tape cannot follow (``GraphRecordError``) ends the recording (``Recording.stop``);
-the program runs on, its calls passed through.
+What the tape cannot follow (``GraphRecordError``), and a failure of the recorder at a replay,
+end the recording (``Recording.stop``); the program runs on, its calls passed through.
 """
 
 from __future__ import annotations
@@ -89,13 +89,18 @@ class GraphCalls:
         if not calls:
             return
         self.replays += 1
-        binds = self._binds[graph][1]
         here = recording.layer
         try:
+            binds = self._binds[graph][1]
             for position, call in enumerate(calls):
                 if recording.stopped:
                     break
                 self._event(call, binds[position])
+        except Exception as exc:  # the recorder's own failure: the replay has run, the program runs on
+            if recording.open_event is not None:
+                recording.discard(recording.open_event)
+            recording.stop(f"graph replay: the recorder failed ({type(exc).__name__}: {exc}); the program runs on "
+                           "unrecorded")
         finally:
             recording.select_layer(here)
 
