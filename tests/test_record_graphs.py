@@ -13,6 +13,7 @@ import torch
 from tests.graph_fakes import FakeGraph, fake_hooks, torch_capturing
 from tests.trace_helpers import run_kda
 from traces.format.io import read_trace
+from traces.record.graph_calls import follow_graphs
 from traces.record.graphs import GraphHooks
 from traces.record.recorder import Recorder, options_from_env, RecordError
 
@@ -69,7 +70,7 @@ def run_fake(path: Path, device, graphs: bool, stale: bool = False, written: lis
     inputs there, while the graph reads the old one."""
     with Recorder(path, "kernels", graphs=graphs) as rec, torch_capturing():
         if graphs:
-            rec.recording.follow_graphs(fake_hooks())
+            rec.recording.graphs = follow_graphs(rec.recording, fake_hooks())
         engine = Engine(rec, device)
         graph = FakeGraph()
         captured_q = engine.q
@@ -155,7 +156,7 @@ def test_a_graph_the_hooks_did_not_see_captured_stops_the_recording(tmp_path, de
         engine = Engine(rec, device)
         graph = FakeGraph()
         graph.capture(engine.verify)  # before the hooks
-        rec.recording.follow_graphs(fake_hooks())
+        rec.recording.graphs = follow_graphs(rec.recording, fake_hooks())
         engine.inputs()
         engine.commit(0)
         graph.replay()
@@ -167,7 +168,7 @@ def test_a_graph_the_hooks_did_not_see_captured_stops_the_recording(tmp_path, de
 
 def test_the_hooks_are_installed_for_the_life_of_the_recording(tmp_path):
     with Recorder(tmp_path / "t.safetensors", "kernels", graphs=True) as rec:
-        rec.recording.follow_graphs(fake_hooks())
+        rec.recording.graphs = follow_graphs(rec.recording, fake_hooks())
         assert hasattr(FakeGraph.replay, "_graph_hooks")
     assert not hasattr(FakeGraph.replay, "_graph_hooks")
 

@@ -36,31 +36,14 @@ from typing import Any, Mapping
 import torch
 
 from traces.record.capture import CAPTURED_NOTE
-from traces.record.graph_calls import GraphCalls
-from traces.record.graphs import GraphHooks, GraphRecordError
+from traces.record.graph_calls import GraphCalls, follow_graphs
 from traces.record.watch import WHOLE, BufferWatch, Contents, region
 from traces.format.schema import KERNEL_OPS, NULL_ID
 from traces.record.shards import (
     MergeResult, RecordError, host_copy, merge_shards, save_shard, shards_dir, stale_shards,
 )
 from traces.format.validate import dtype_name
-
-SNAPSHOTS = ("touched", "all")
-
-
-def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | None = None,
-                  max_events: int | None = None, max_bytes: int | None = None, graphs: bool = False) -> None:
-    """Raise ``RecordError`` for a recorder option out of range (``Recording``'s options)."""
-    if not isinstance(graphs, bool):
-        raise RecordError(f"graphs must be true or false, got {graphs!r}")
-    if snapshot not in SNAPSHOTS:
-        raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
-    unknown = [op for op in ops or () if op not in KERNEL_OPS]
-    if unknown:
-        raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(KERNEL_OPS)}")
-    for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
-        if cap is not None and cap < 1:
-            raise RecordError(f"{name} must be positive, got {cap}")
+from traces.record.options import check_options
 
 
 class Recording:
@@ -69,8 +52,7 @@ class Recording:
     ``impl``: the name of what the recorded calls run, for the provenance. ``ops`` keeps only
     those ops (note: the buffers then change between kept events without a record, so such a
     trace replays exactly only where nothing skipped touched the same slots). ``graphs``: record
-    the verifies CUDA graphs hold at each replay (``follow_graphs`` on ``torch.cuda.CUDAGraph``,
-    where CUDA is available; else every call inside a capture is passed through). ``max_events``
+    the verifies CUDA graphs hold at each replay (``traces.record.graph_calls``). ``max_events``
     and ``max_bytes`` stop recording once reached (the byte cap counts shard bytes; the event
     that crosses it is still completed). Raises ``RecordError`` for an option out of range
     (``check_options``) and while ``<path>.shards`` exists (``stale_shards``).
@@ -113,19 +95,7 @@ class Recording:
         self.provenance: dict[str, Any] = trace_provenance(
             "kda record", command=shlex.join(sys.argv), impl=impl, snapshot=snapshot, ops=list(self.ops),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
-        self.graphs: GraphCalls | None = None
-        if graphs:
-            self.provenance["graphs"] = True
-            if torch.cuda.is_available():
-                self.follow_graphs(GraphHooks())
-
-    def follow_graphs(self, hooks: GraphHooks) -> None:
-        """Record the verifies of the graphs ``hooks`` sees captured, at each replay, until the
-        recording closes (``traces.record.graph_calls``); hooks that cannot be installed end it."""
-        try:
-            self.graphs = GraphCalls(self, hooks)
-        except GraphRecordError as exc:
-            self.stop(str(exc))
+        self.graphs: GraphCalls | None = follow_graphs(self) if graphs else None
 
     # -- layers and their buffers -----------------------------------------------------
 
@@ -240,9 +210,8 @@ class Recording:
         inputs shard. ``lower_bound`` is ``(value,)`` for ops that take one. ``layers``: the
         trace layers a ``commit_layers`` event spans (their buffers bound before), whose regions
         among ``slots`` it touches; their snapshots are named ``layers.<l>.snap.<role>``.
-        ``contents``: the regions as the call saw them, by role (``traces.record.watch.Rows``;
-        a CUDA graph's call, recorded after its replay), read instead of the bound buffers for
-        the write and the snapshots (default: the buffers)."""
+        ``contents``: the regions as the call saw them, by role (``traces.record.watch.Rows``; a
+        CUDA graph's call), read instead of the bound buffers for the write and the snapshots."""
         undo = ([book.copy() for book in self._books], set(self._seen_whole), self.lower_bound)
         here = self._layer
         for role, t in bind.items():
@@ -306,9 +275,8 @@ class Recording:
         self._layer = event.layer
 
     def end(self, event: "OpenEvent", expected: dict[str, torch.Tensor], contents: Contents | None = None) -> None:
-        """Complete ``event`` with its ``expected`` results (by role) in its output shard; the
-        trace then describes its regions as the buffers hold them, or as ``contents`` does
-        (``begin``'s, as the call left them)."""
+        """Complete ``event`` with its ``expected`` results (by role) in its output shard; its
+        regions are noted as the buffers (or ``contents``, ``begin``'s, as the call left them) hold them."""
         tensors = {f"expected.{role}": host_copy(t) for role, t in expected.items()}
         self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
         self.open_event = None
@@ -329,7 +297,8 @@ class Recording:
         touched_conv = _ints(slots, NULL_ID + 1, conv.shape[0]) if conv is not None and slots is not None else []
         return touched_slots, touched_rows, touched_conv
 
-    def _write_changes(self, slots: list[int], rows: list[int], conv: list[int], contents: Contents | None = None) -> None:
+    def _write_changes(self, slots: list[int], rows: list[int], conv: list[int], contents: Contents | None = None
+                       ) -> None:
         """A ``write`` event (on the current layer) holding every region among ``slots``,
         ``rows``, ``conv`` and the whole buffers whose contents (``contents``' where given)
         differ from what the trace says (``BufferWatch.changes``); none when nothing does."""
@@ -348,8 +317,7 @@ class Recording:
         return role if self._layer == 0 or role.startswith("plan.") else f"layers.{self._layer}.{role}"
 
     def _snapshots(self, slots, rows, lower_bound, contents: Contents | None = None) -> dict[str, torch.Tensor]:
-        """Copy the regions of the current layer's bound buffers (``contents``' where given) this
-        call sees for the first time."""
+        """Copy the regions of the current layer's bound buffers (or ``contents``) first seen by this call."""
         out: dict[str, torch.Tensor] = {}
         book = self._books[self._layer]
         for role in WHOLE:
@@ -472,4 +440,4 @@ def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
     return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
 
 
-__all__ = ["SNAPSHOTS", "OpenEvent", "Recording", "check_options", "same_tensor"]
+__all__ = ["OpenEvent", "Recording", "same_tensor"]

@@ -120,8 +120,22 @@ class GraphCalls:
         recording.end(event, {"out": after["out"], **{role: after[role].rows for role in RECORDS}}, contents=left)
 
 
+def follow_graphs(recording, hooks: GraphHooks | None = None) -> GraphCalls | None:
+    """``GraphCalls`` for ``recording`` (its provenance then says ``graphs``) on ``hooks``, by
+    default on ``torch.cuda.CUDAGraph`` where CUDA is available (None where it is not); hooks
+    that cannot be installed end the recording (None)."""
+    recording.provenance["graphs"] = True
+    if hooks is None and not torch.cuda.is_available():
+        return None
+    try:
+        return GraphCalls(recording, GraphHooks() if hooks is None else hooks)
+    except GraphRecordError as exc:
+        recording.stop(str(exc))
+        return None
+
+
 def _rows(gathered: Gathered) -> Rows:
     return Rows(gathered.index.reshape(-1).tolist(), gathered.rows)
 
 
-__all__ = ["GraphCalls", "INPUTS"]
+__all__ = ["GraphCalls", "INPUTS", "follow_graphs"]

@@ -48,7 +48,8 @@ import torch
 
 from traces.format.schema import NULL_ID, PLAN_FIELDS
 from traces.record.capture import capturing
-from traces.record.events import Recording, check_options
+from traces.record.events import Recording
+from traces.record.options import check_options
 from traces.record.shards import MergeResult, RecordError, merge_shards, shards_dir
 
 ENV_PATH = "KDA_RECORD"

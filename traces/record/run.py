@@ -25,7 +25,7 @@ from typing import Sequence
 from traces.format.exit_status import how_it_ended
 from traces.impl.loader import names_a_file
 from traces.record.recorder import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
-from traces.record.events import check_options
+from traces.record.options import check_options
 from traces.record.shards import stale_shards
 
 
