@@ -32,6 +32,7 @@ def trace_summary(trace) -> dict:
                     "plan_rows": m.sizes.plan_rows},
         "events": len(m.events),
         "events_per_op": dict(per_op), "events_with_expected": dict(with_expected),
+        "events_from_graph_replays": sum("graph_replay" in e.attrs for e in m.events),
         "final_buffers": bool(m.final), "provenance": m.provenance,
     }
 
@@ -67,6 +68,8 @@ def _render(s: dict) -> None:
             f"{op} {n} ({s['events_with_expected'].get(op, 0)} with expected results)"
             for op, n in s["events_per_op"].items()) if s["events"] else "none"),
     ]
+    if s["events_from_graph_replays"]:
+        lines.append(f"events from CUDA graph replays: {s['events_from_graph_replays']}")
     for key, value in s["provenance"].items():
         lines.append(f"{key}: {human_value(value)}")
     for line in lines:

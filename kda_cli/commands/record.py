@@ -78,6 +78,10 @@ def run(
     max_mb: Optional[float] = typer.Option(None, "--max-mb", help="Stop recording past this many MiB of shards."),
     snapshot: str = typer.Option("touched", "--snapshot",
                                  help="touched: slots and record rows at first touch; all: whole pools."),
+    graphs: bool = typer.Option(False, "--graphs/--no-graphs",
+                                help="--graphs records the verifies a CUDA graph holds at each replay (not yet "
+                                     "checked on a GPU); --no-graphs passes captured calls through, recording what "
+                                     "replays change as writes."),
     format: str = typer.Option("human", "--format", help="human or json (the command's own output then goes to "
                                                          "stderr)."),
     force: bool = force_option("OUT"),
@@ -106,7 +110,7 @@ def run(
     try:
         run = record_command(out, list(ctx.args), output_to_stderr=format == "json", impl=impl, ops=ops,
                              max_events=max_events, max_mb=max_mb, snapshot=snapshot, patches=patches, layer=layer,
-                             layers=layers)
+                             layers=layers, graphs=graphs)
     except RecordInterrupted as stop:
         run, stopped = stop.run, True
     except RecordError as exc:

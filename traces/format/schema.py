@@ -391,6 +391,9 @@ def _event(index: int, raw: Any, num_layers: int = 1) -> Event:
     _expect(_is_int(layer) and 0 <= layer < num_layers,
             f"{where} ({op}): attrs.layer must be a layer index in [0, {num_layers - 1}], got {layer!r}")
     spec = table.OPS[op]
+    for attr in spec.counts:
+        _expect(_is_int(attrs.get(attr, 1)) and attrs.get(attr, 1) >= 1,
+                f"{where} ({op}): attrs.{attr} must be a count >= 1, got {attrs.get(attr)!r}")
     for attr in spec.flags:
         _expect(isinstance(attrs.get(attr, True), bool),
                 f"{where} ({op}): attrs.{attr} must be true or false, got {attrs.get(attr)!r}")

@@ -84,8 +84,8 @@ class Op:
     distinct: index inputs whose values must be distinct; groups: inputs that come together;
     empty_inputs: the error when it names no input (None: allowed).
     needs_conv: needs the trace's conv state.
-    flags, choices: attrs that are true or false, and attrs with their allowed values
-        (the first is the default).
+    flags, choices, counts: attrs that are true or false, attrs with their allowed values
+        (the first is the default), and attrs that count from 1.
     check_buffers(attrs, sizes), check_batch(inputs, bound, batch): its own checks of the
         trace's buffer sizes and of its bound symbols; each returns an error or None.
     event_bytes(s, T, x, plan, pending): contract bytes of one event and the tokens it folds
@@ -119,6 +119,7 @@ class Op:
     empty_inputs: str | None = None
     needs_conv: bool = False
     flags: tuple[str, ...] = ()
+    counts: tuple[str, ...] = ()
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     check_buffers: Callable[[Mapping[str, Any], Any], str | None] | None = None
     check_batch: Callable[[Mapping[str, Any], Mapping[str, int], int], str | None] | None = None

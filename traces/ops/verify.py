@@ -1,6 +1,7 @@
 """``verify``: each batch row's window from its checkpoint slot; writes the in-window outputs
 and, for rows with a real slot and record row, the records of each in-window token
-(docs/design.md §4)."""
+(docs/design.md §4). Attr ``graph_replay``: the verify was held by a CUDA graph and recorded
+at the recording's N-th graph replay (N >= 1; ``traces.record.graph_calls``)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,6 @@ def workload_bytes(s, batch: int, spec_len: int, commit_lens: list[int]) -> int:
     return verify_bytes(s, batch, batch * spec_len)
 
 
-OP = Op("verify", INPUTS, EXPECTED, ("layer",), call, apply_expected, actual, written, api="kda_recoverssm_verify",
+OP = Op("verify", INPUTS, EXPECTED, ("layer", "graph_replay"), call, apply_expected, actual, written, api="kda_recoverssm_verify",
         out_like="v", plan_rows=False, tokens=True, row_space="own", record_rows=default_record_rows,
-        event_bytes=event_bytes, workload_bytes=workload_bytes, cost_weight=1.0, order=1)
+        event_bytes=event_bytes, workload_bytes=workload_bytes, cost_weight=1.0, counts=("graph_replay",), order=1)

@@ -3,7 +3,8 @@ inside one is passed through as it is (the graph captures what it would without 
 recorder) and counted in ``skipped_calls`` as ``captured``, the first with one line on
 stderr (``CAPTURED_NOTE``). What the graph's replays change in the buffers reaches the trace
 as ``write`` events, as every write outside the recorded calls does
-(``traces.record.events``)."""
+(``traces.record.events``). With the recording's option ``graphs`` a verify is recorded at
+each replay of its graph instead (``traces.record.graph_calls``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 CAPTURED_NOTE = ("kda record: calls inside a CUDA graph capture are passed through and not recorded; what the "
                  "graph's replays change in the buffers is recorded as writes, so replays stay exact but those "
-                 "calls are not checked; to check them run the engine eagerly (e.g. vLLM's --enforce-eager)")
+                 "calls are not checked; to check them run the engine eagerly (e.g. vLLM's --enforce-eager), or, for "
+                 "its verifies, record with --graphs")
 
 
 def capturing() -> bool:

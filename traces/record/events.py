@@ -36,27 +36,14 @@ from typing import Any, Mapping
 import torch
 
 from traces.record.capture import CAPTURED_NOTE
-from traces.record.watch import WHOLE, BufferWatch
+from traces.record.graph_calls import GraphCalls, follow_graphs
+from traces.record.watch import WHOLE, BufferWatch, Contents, region
 from traces.format.schema import KERNEL_OPS, NULL_ID
 from traces.record.shards import (
     MergeResult, RecordError, host_copy, merge_shards, save_shard, shards_dir, stale_shards,
 )
 from traces.format.validate import dtype_name
-
-SNAPSHOTS = ("touched", "all")
-
-
-def check_options(snapshot: str = "touched", ops: tuple[str, ...] | list[str] | None = None,
-                  max_events: int | None = None, max_bytes: int | None = None) -> None:
-    """Raise ``RecordError`` for a recorder option out of range (``Recording``'s options)."""
-    if snapshot not in SNAPSHOTS:
-        raise RecordError(f"snapshot {snapshot!r}: expected one of {', '.join(SNAPSHOTS)}")
-    unknown = [op for op in ops or () if op not in KERNEL_OPS]
-    if unknown:
-        raise RecordError(f"ops: {', '.join(unknown)} not among {', '.join(KERNEL_OPS)}")
-    for name, cap in (("max_events", max_events), ("max_bytes", max_bytes)):
-        if cap is not None and cap < 1:
-            raise RecordError(f"{name} must be positive, got {cap}")
+from traces.record.options import check_options
 
 
 class Recording:
@@ -64,7 +51,8 @@ class Recording:
 
     ``impl``: the name of what the recorded calls run, for the provenance. ``ops`` keeps only
     those ops (note: the buffers then change between kept events without a record, so such a
-    trace replays exactly only where nothing skipped touched the same slots). ``max_events``
+    trace replays exactly only where nothing skipped touched the same slots). ``graphs``: record
+    the verifies CUDA graphs hold at each replay (``traces.record.graph_calls``). ``max_events``
     and ``max_bytes`` stop recording once reached (the byte cap counts shard bytes; the event
     that crosses it is still completed). Raises ``RecordError`` for an option out of range
     (``check_options``) and while ``<path>.shards`` exists (``stale_shards``).
@@ -81,8 +69,8 @@ class Recording:
 
     def __init__(self, path: str | os.PathLike, impl: str, *, snapshot: str = "touched",
                  ops: tuple[str, ...] | list[str] | None = None, max_events: int | None = None,
-                 max_bytes: int | None = None):
-        check_options(snapshot, ops, max_events, max_bytes)
+                 max_bytes: int | None = None, graphs: bool = False):
+        check_options(snapshot, ops, max_events, max_bytes, graphs)
         self.path = Path(path)
         self.shards = shards_dir(self.path)
         if self.shards.exists():
@@ -107,6 +95,7 @@ class Recording:
         self.provenance: dict[str, Any] = trace_provenance(
             "kda record", command=shlex.join(sys.argv), impl=impl, snapshot=snapshot, ops=list(self.ops),
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), pid=os.getpid())
+        self.graphs: GraphCalls | None = follow_graphs(self) if graphs else None
 
     # -- layers and their buffers -----------------------------------------------------
 
@@ -214,13 +203,15 @@ class Recording:
 
     def begin(self, op: str, inputs: dict[str, torch.Tensor | None], attrs: dict, slots, rows,
               bind: dict[str, torch.Tensor], lower_bound: tuple | None = None,
-              layers: list[int] | None = None) -> "OpenEvent":
+              layers: list[int] | None = None, contents: Contents | None = None) -> "OpenEvent":
         """Begin an event of ``op`` on the current layer: bind new buffers (``bind``, by role),
         record what changed since the trace last described the regions this call touches
         (``slots``, record ``rows``; a ``write`` event), snapshot first-seen regions, write the
         inputs shard. ``lower_bound`` is ``(value,)`` for ops that take one. ``layers``: the
         trace layers a ``commit_layers`` event spans (their buffers bound before), whose regions
-        among ``slots`` it touches; their snapshots are named ``layers.<l>.snap.<role>``."""
+        among ``slots`` it touches; their snapshots are named ``layers.<l>.snap.<role>``.
+        ``contents``: the regions as the call saw them, by role (``traces.record.watch.Rows``; a
+        CUDA graph's call), read instead of the bound buffers for the write and the snapshots."""
         undo = ([book.copy() for book in self._books], set(self._seen_whole), self.lower_bound)
         here = self._layer
         for role, t in bind.items():
@@ -229,7 +220,7 @@ class Recording:
         for layer in ([here] if layers is None else layers):
             self.select_layer(layer)
             touched[layer] = self._touched(slots, rows)
-            self._write_changes(*touched[layer])  # true whatever the call does: not undone
+            self._write_changes(*touched[layer], contents=contents)  # true whatever the call does: not undone
         undo = (*undo, self.stopped, self.bytes, self._max_batch, self.calls)
         tensors: dict[str, torch.Tensor] = {}
         for role, t in inputs.items():
@@ -239,7 +230,7 @@ class Recording:
         regions = {}
         for layer, (s, r, c) in touched.items():
             self.select_layer(layer)
-            snaps = self._snapshots(slots, rows, lower_bound)
+            snaps = self._snapshots(slots, rows, lower_bound, contents)
             prefix = "" if layers is None else f"layers.{layer}."
             tensors.update({prefix + name: t for name, t in snaps.items()})
             regions[layer] = (_union(s, snaps.get("snap.slots")), _union(r, snaps.get("snap.rows")),
@@ -283,14 +274,15 @@ class Recording:
         self._books[:len(books)] = books
         self._layer = event.layer
 
-    def end(self, event: "OpenEvent", expected: dict[str, torch.Tensor]) -> None:
-        """Complete ``event`` with its ``expected`` results (by role) in its output shard."""
+    def end(self, event: "OpenEvent", expected: dict[str, torch.Tensor], contents: Contents | None = None) -> None:
+        """Complete ``event`` with its ``expected`` results (by role) in its output shard; its
+        regions are noted as the buffers (or ``contents``, ``begin``'s, as the call left them) hold them."""
         tensors = {f"expected.{role}": host_copy(t) for role, t in expected.items()}
         self.bytes += save_shard(self.shards / f"{event.index:06d}.out.safetensors", tensors, {"index": event.index})
         self.open_event = None
-        for layer, region in event.regions.items():
+        for layer, regions in event.regions.items():
             self.select_layer(layer)
-            self.watch.note(self._bound, self._key, *region)
+            self.watch.note(self._bound, self._key, *regions, contents=contents)
         self.select_layer(event.layer)
 
     # -- writes between the recorded calls -------------------------------------------
@@ -305,11 +297,12 @@ class Recording:
         touched_conv = _ints(slots, NULL_ID + 1, conv.shape[0]) if conv is not None and slots is not None else []
         return touched_slots, touched_rows, touched_conv
 
-    def _write_changes(self, slots: list[int], rows: list[int], conv: list[int]) -> None:
+    def _write_changes(self, slots: list[int], rows: list[int], conv: list[int], contents: Contents | None = None
+                       ) -> None:
         """A ``write`` event (on the current layer) holding every region among ``slots``,
-        ``rows``, ``conv`` and the whole buffers whose contents differ from what the trace
-        says (``BufferWatch.changes``); none when nothing does."""
-        tensors, changed = self.watch.changes(self._bound, self._key, slots, rows, conv)
+        ``rows``, ``conv`` and the whole buffers whose contents (``contents``' where given)
+        differ from what the trace says (``BufferWatch.changes``); none when nothing does."""
+        tensors, changed = self.watch.changes(self._bound, self._key, slots, rows, conv, contents)
         if not tensors:
             return
         index = self.events
@@ -317,14 +310,14 @@ class Recording:
         self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
         self.bytes += save_shard(self.shards / f"{index:06d}.out.safetensors", {}, {"index": index})
         self.events += 1
-        self.watch.note(self._bound, self._key, *changed)
+        self.watch.note(self._bound, self._key, *changed, contents=contents)
 
     def _key(self, role: str) -> str:
         """The current layer's name for ``role`` in the watch and the first-seen set (the plan is shared)."""
         return role if self._layer == 0 or role.startswith("plan.") else f"layers.{self._layer}.{role}"
 
-    def _snapshots(self, slots, rows, lower_bound) -> dict[str, torch.Tensor]:
-        """Copy the regions of the current layer's bound buffers this call sees for the first time."""
+    def _snapshots(self, slots, rows, lower_bound, contents: Contents | None = None) -> dict[str, torch.Tensor]:
+        """Copy the regions of the current layer's bound buffers (or ``contents``) first seen by this call."""
         out: dict[str, torch.Tensor] = {}
         book = self._books[self._layer]
         for role in WHOLE:
@@ -346,8 +339,8 @@ class Recording:
                 index = torch.tensor(new, dtype=torch.int64)
                 out[f"snap.{index_name}"] = index
                 for name in content_names:
-                    source = self._bound[_SNAPSHOT_SOURCE.get(name, name)]
-                    out[f"snap.{name}"] = host_copy(source[index.to(source.device)])
+                    source = _SNAPSHOT_SOURCE.get(name, name)
+                    out[f"snap.{name}"] = host_copy(region(self._bound[source], source, new, contents))
         return out
 
     def _first_sight(self, seen: set[int], indices, low: int, size: int) -> list[int]:
@@ -391,6 +384,8 @@ class Recording:
         if self.closed:
             return None
         self.closed = True
+        if self.graphs is not None:
+            self.graphs.close()
         if self.events == 0:
             shutil.rmtree(self.shards, ignore_errors=True)
             return None
@@ -445,4 +440,4 @@ def _ints(t: torch.Tensor, lo: int, hi: int) -> list[int]:
     return sorted(set(v[(v >= lo) & (v < hi)].tolist()))
 
 
-__all__ = ["SNAPSHOTS", "OpenEvent", "Recording", "check_options", "same_tensor"]
+__all__ = ["OpenEvent", "Recording", "same_tensor"]

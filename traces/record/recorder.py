@@ -19,7 +19,9 @@ buffers (another layer) are passed through unrecorded and counted; several layer
 recorded from patched modules (``traces.record.patch``, format v2).
 
 Inside a CUDA graph capture (``traces.record.capture``) the recorder touches nothing on the
-host: each call is forwarded as it is and counted in ``skipped_calls`` as ``captured``.
+host: each call is forwarded as it is and counted in ``skipped_calls`` as ``captured``; with
+the option ``graphs``, a verify is recorded at each replay of the graph instead
+(``traces.record.graph_calls``).
 ``RecordedApi`` maps the kernel API onto the events of a ``traces.record.events.Recording``
 (the bookkeeping of events: bound buffers, first-seen snapshots, shards, caps, merge);
 ``Recorder`` is that API over a recording of its own. A program that was not edited is
@@ -29,7 +31,8 @@ a ``RecordedApi`` too.
 ``record_trace(path, ...)`` is the context-manager form. ``api()`` is the hook a process
 uses to get the kernel API: the plain implementation, or, when ``KDA_RECORD`` names a
 trace file, a process-wide recorder closed at exit (options: ``KDA_RECORD_IMPL``,
-``KDA_RECORD_OPS``, ``KDA_RECORD_MAX_EVENTS``, ``KDA_RECORD_MAX_MB``, ``KDA_RECORD_SNAPSHOT``).
+``KDA_RECORD_OPS``, ``KDA_RECORD_MAX_EVENTS``, ``KDA_RECORD_MAX_MB``, ``KDA_RECORD_SNAPSHOT``,
+``KDA_RECORD_GRAPHS``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ import torch
 from traces.format.schema import PLAN_FIELDS
 from traces.ops.regions import written_slots
 from traces.record.capture import capturing
-from traces.record.events import Recording, check_options
+from traces.record.events import Recording
+from traces.record.options import check_options
 from traces.record.shards import MergeResult, RecordError, merge_shards, shards_dir
 
 ENV_PATH = "KDA_RECORD"
@@ -68,13 +72,20 @@ class RecordedApi:
                                                    spec_query_len, out=out, record_indices=record_indices)
 
         bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias)}
+        recording = self.recording
+        inputs = {"q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta, "query_start_loc": query_start_loc,
+                  "state_indices": state_indices}
+        if capturing() and recording.graphs is not None:  # recorded at each replay of the graph
+            if not recording.accepts("verify", bind, lower_bound, spec_query_len):
+                return run()
+            rows = _rows_or_default(record_indices, state_indices, state_indices.device)
+            return recording.graphs.verify(run, inputs, rows, bind, {
+                "layer": recording.layer, "lower_bound": lower_bound, "spec_query_len": spec_query_len,
+                "default_rows": record_indices is None})
         if not self._wants("verify", bind, lower_bound, spec_query_len):
             return run()
         rows = _rows_or_default(record_indices, state_indices)
-        recording = self.recording
-        event = recording.begin("verify", {"q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
-                                           "query_start_loc": query_start_loc, "state_indices": state_indices,
-                                           "record_indices": record_indices}, {}, state_indices, rows, bind,
+        event = recording.begin("verify", {**inputs, "record_indices": record_indices}, {}, state_indices, rows, bind,
                                 (lower_bound,))
         result = recording.call(event, run)
         written = rows.long().clamp(min=0)
@@ -276,10 +287,11 @@ def _plan(plan) -> dict[str, torch.Tensor]:
     return {f"plan.{f}": getattr(plan, f) for f in PLAN_FIELDS}
 
 
-def _rows_or_default(record_indices, state_indices) -> torch.Tensor:
+def _rows_or_default(record_indices, state_indices, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The record rows of a call: ``record_indices``, else row b for batch row b (on ``device``)."""
     if record_indices is not None:
         return record_indices
-    return torch.arange(state_indices.shape[0], dtype=torch.int32)
+    return torch.arange(state_indices.shape[0], dtype=torch.int32, device=device)
 
 
 def _states(pool: torch.Tensor, slots: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -344,14 +356,19 @@ def set_process_recorder(recorder) -> None:
 
 def options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Recorder options from ``KDA_RECORD_OPS`` (comma-separated), ``KDA_RECORD_MAX_EVENTS``,
-    ``KDA_RECORD_MAX_MB`` and ``KDA_RECORD_SNAPSHOT`` of ``env`` (default: this process's
-    environment); raises ``RecordError`` on a value that is not a number."""
+    ``KDA_RECORD_MAX_MB``, ``KDA_RECORD_SNAPSHOT`` and ``KDA_RECORD_GRAPHS`` (``1`` or ``0``) of
+    ``env`` (default: this process's environment); raises ``RecordError`` on a value that is
+    not a number."""
     env = os.environ if env is None else env
     options: dict[str, Any] = {}
     if env.get("KDA_RECORD_OPS"):
         options["ops"] = [op.strip() for op in env["KDA_RECORD_OPS"].split(",") if op.strip()]
     if env.get("KDA_RECORD_SNAPSHOT"):
         options["snapshot"] = env["KDA_RECORD_SNAPSHOT"]
+    if env.get("KDA_RECORD_GRAPHS"):
+        if env["KDA_RECORD_GRAPHS"] not in ("0", "1"):
+            raise RecordError(f"KDA_RECORD_GRAPHS={env['KDA_RECORD_GRAPHS']}: expected 1 or 0")
+        options["graphs"] = env["KDA_RECORD_GRAPHS"] == "1"
     for var, key, scale in (("KDA_RECORD_MAX_EVENTS", "max_events", 1), ("KDA_RECORD_MAX_MB", "max_bytes", 2**20)):
         if env.get(var):
             try:

@@ -25,7 +25,7 @@ from typing import Sequence
 from traces.format.exit_status import how_it_ended
 from traces.impl.loader import names_a_file
 from traces.record.recorder import ENV_PATH, MergeResult, RecordError, merge_shards, options_from_env, shards_dir
-from traces.record.events import check_options
+from traces.record.options import check_options
 from traces.record.shards import stale_shards
 
 
@@ -59,13 +59,14 @@ class RecordInterrupted(KeyboardInterrupt):
 
 def child_env(out: Path, *, impl: str | None = None, ops: str | None = None, max_events: int | None = None,
               max_mb: float | None = None, snapshot: str = "touched", patches: Sequence[str] = (),
-              layer: int = 0, layers: str | None = None,
+              layer: int = 0, layers: str | None = None, graphs: bool = False,
               base: dict[str, str] | None = None) -> tuple[dict[str, str], bool]:
     """The child's environment, and whether it chose the Triton interpreter."""
     from traces.record.patch import ENV_LAYER, ENV_LAYERS, ENV_PATCH
 
     env = dict(os.environ if base is None else base)
-    env.update({ENV_PATH: str(Path(out).resolve()), "KDA_RECORD_SNAPSHOT": snapshot})
+    env.update({ENV_PATH: str(Path(out).resolve()), "KDA_RECORD_SNAPSHOT": snapshot,
+                "KDA_RECORD_GRAPHS": "1" if graphs else "0"})
     for var, value in (("KDA_RECORD_IMPL", impl), ("KDA_RECORD_OPS", ops), ("KDA_RECORD_MAX_EVENTS", max_events),
                        ("KDA_RECORD_MAX_MB", max_mb)):
         if value is not None:

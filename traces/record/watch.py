@@ -10,11 +10,13 @@ there: a fingerprint per state slot and per record row (``fingerprint``), an exa
 the small buffers (pending counts, plan columns, parameters: ``WHOLE``). Before a recorded
 call the recorder asks which of the regions it will touch changed (``changes``: the
 ``write`` event's tensors), on the buffers' device; after it, it notes what the call left
-there (``note``).
+there (``note``). Both read the regions from the buffers, or, given ``contents``, from copies
+of the rows as a call saw them (``Rows``; a CUDA graph's calls, read after its replay).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
@@ -75,6 +77,33 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Copies of some rows of a buffer: ``rows[i]`` held row ``index[i]`` (an index repeated
+    holds the same row)."""
+
+    index: list[int]
+    rows: torch.Tensor
+
+    def at(self, indices: list[int]) -> torch.Tensor:
+        """The rows ``indices``, each of which ``index`` holds."""
+        where = {i: p for p, i in enumerate(self.index)}
+        return self.rows[torch.tensor([where[i] for i in indices], dtype=torch.int64, device=self.rows.device)]
+
+
+Contents = Mapping[str, Rows]
+"""Rows of the buffers by role (``checkpoint_state``, ``records.correction``, ...), read instead
+of the buffers themselves; a role it lacks is read from its buffer."""
+
+
+def region(buf: torch.Tensor, role: str, indices: list[int], contents: Contents | None = None) -> torch.Tensor:
+    """Rows ``indices`` of the ``role`` buffer ``buf``: from ``contents`` when it holds the role,
+    else ``buf[indices]`` on ``buf``'s device."""
+    if contents is not None and role in contents:
+        return contents[role].at(indices).to(buf.device)
+    return buf[torch.tensor(indices, dtype=torch.int64, device=buf.device)]
+
+
 class BufferWatch:
     """What the trace says is in each region it has described (module docstring).
 
@@ -86,26 +115,27 @@ class BufferWatch:
         self._known: dict[str, set[int]] = {}
         self._copies: dict[str, torch.Tensor] = {}
 
-    def changed_rows(self, role: str, buf: torch.Tensor, indices: list[int]) -> list[int]:
+    def changed_rows(self, role: str, buf: torch.Tensor, indices: list[int], rows: Rows | None = None) -> list[int]:
         """Those of ``indices`` (into ``buf``'s first axis) the trace has described whose
-        contents differ from what it says."""
+        contents (``rows``' copies of them when given) differ from what it says."""
         known = self._known.get(role, set())
         ask = [i for i in indices if i in known]
         if not ask:
             return []
         index = torch.tensor(ask, dtype=torch.int64, device=buf.device)
-        differs = (fingerprint(buf[index]) != self._prints[role][index]).tolist()
+        seen = buf[index] if rows is None else rows.at(ask).to(buf.device)
+        differs = (fingerprint(seen) != self._prints[role][index]).tolist()
         return [i for i, d in zip(ask, differs) if d]
 
-    def note_rows(self, role: str, buf: torch.Tensor, indices: list[int]) -> None:
-        """The trace now says ``buf[indices]`` holds what it holds."""
+    def note_rows(self, role: str, buf: torch.Tensor, indices: list[int], rows: Rows | None = None) -> None:
+        """The trace now says ``buf[indices]`` holds what it holds (what ``rows`` holds of them)."""
         if not indices:
             return
         if role not in self._prints:
             self._prints[role] = torch.zeros(buf.shape[0], dtype=torch.int64, device=buf.device)
             self._known[role] = set()
         index = torch.tensor(indices, dtype=torch.int64, device=buf.device)
-        self._prints[role][index] = fingerprint(buf[index])
+        self._prints[role][index] = fingerprint(buf[index] if rows is None else rows.at(indices).to(buf.device))
         self._known[role].update(indices)
 
     def changed_whole(self, role: str, buf: torch.Tensor) -> bool:
@@ -117,41 +147,48 @@ class BufferWatch:
         self._copies[role] = buf.detach().clone()
 
     def changes(self, bound: Mapping[str, torch.Tensor], key: Callable[[str], str], slots: list[int],
-                rows: list[int], conv: list[int]) -> tuple[dict[str, torch.Tensor], tuple[list[int], ...]]:
+                rows: list[int], conv: list[int], contents: Contents | None = None
+                ) -> tuple[dict[str, torch.Tensor], tuple[list[int], ...]]:
         """What a ``write`` event holds: the ``in.`` tensors of every region among state ``slots``,
         record ``rows``, ``conv`` slots and the whole buffers of ``bound`` (a layer's buffers by
-        role, each watched as ``key(role)``) whose contents differ from what the trace says
-        (none when nothing does), and the slots, rows and conv slots among them."""
+        role, each watched as ``key(role)``; regions read from ``contents`` where it holds
+        their role) whose contents differ from what the trace says (none when nothing does),
+        and the slots, rows and conv slots among them."""
+        given = contents or {}
         tensors: dict[str, torch.Tensor] = {}
         changed_slots: list[int] = []
         changed_rows: list[int] = []
         changed_conv: list[int] = []
         if "checkpoint_state" in bound:
-            changed_slots = self.changed_rows(key("checkpoint_state"), bound["checkpoint_state"], slots)
+            changed_slots = self.changed_rows(key("checkpoint_state"), bound["checkpoint_state"], slots,
+                                              given.get("checkpoint_state"))
         if changed_slots:
-            tensors.update(_rows_of("slots", {"states": bound["checkpoint_state"]}, changed_slots))
+            tensors.update(_rows_of("slots", {"states": "checkpoint_state"}, bound, changed_slots, contents))
         records = {role: bound[role] for role in ("records.correction", "records.key_gate") if role in bound}
         if records:
-            changed_rows = sorted({r for role, buf in records.items() for r in self.changed_rows(key(role), buf, rows)})
+            changed_rows = sorted({r for role, buf in records.items()
+                                   for r in self.changed_rows(key(role), buf, rows, given.get(role))})
         if changed_rows:
-            tensors.update(_rows_of("rows", records, changed_rows))
+            tensors.update(_rows_of("rows", {role: role for role in records}, bound, changed_rows, contents))
         if "conv_state" in bound:
-            changed_conv = self.changed_rows(key("conv_state"), bound["conv_state"], conv)
+            changed_conv = self.changed_rows(key("conv_state"), bound["conv_state"], conv, given.get("conv_state"))
         if changed_conv:
-            tensors.update(_rows_of("conv_slots", {"conv_states": bound["conv_state"]}, changed_conv))
+            tensors.update(_rows_of("conv_slots", {"conv_states": "conv_state"}, bound, changed_conv, contents))
         changed_whole = [role for role in WHOLE if role in bound and self.changed_whole(key(role), bound[role])]
         for role in changed_whole:
             tensors[f"in.{role}"] = host_copy(bound[role])
         return tensors, (changed_slots, changed_rows, changed_conv)
 
     def note(self, bound: Mapping[str, torch.Tensor], key: Callable[[str], str], slots: list[int], rows: list[int],
-             conv: list[int]) -> None:
+             conv: list[int], contents: Contents | None = None) -> None:
         """The trace now describes ``slots``, ``rows``, ``conv`` slots and every whole buffer of
-        ``bound`` (watched as in ``changes``) as they are."""
+        ``bound`` (watched as in ``changes``) as they are (as ``contents`` holds them, where it
+        holds their role)."""
+        given = contents or {}
         for role, indices in (("checkpoint_state", slots), ("records.correction", rows),
                               ("records.key_gate", rows), ("conv_state", conv)):
             if role in bound:
-                self.note_rows(key(role), bound[role], indices)
+                self.note_rows(key(role), bound[role], indices, given.get(role))
         for role in WHOLE:
             if role in bound:
                 self.note_whole(key(role), bound[role])
@@ -161,12 +198,13 @@ class BufferWatch:
         return sum(t.numel() * t.element_size() for kept in (self._prints, self._copies) for t in kept.values())
 
 
-def _rows_of(index_role: str, buffers: dict[str, torch.Tensor], indices: list[int]) -> dict[str, torch.Tensor]:
-    """A write's ``in.`` tensors: the indices, and those rows of each buffer by its role."""
-    index = torch.tensor(indices, dtype=torch.int64)
-    out = {f"in.{index_role}": index.to(torch.int32)}
-    out.update({f"in.{role}": host_copy(buf[index.to(buf.device)]) for role, buf in buffers.items()})
+def _rows_of(index_role: str, names: dict[str, str], bound: Mapping[str, torch.Tensor], indices: list[int],
+             contents: Contents | None) -> dict[str, torch.Tensor]:
+    """A write's ``in.`` tensors: the indices, and those rows of each buffer of ``bound`` by
+    its name in the write (``names``: name -> role; ``region``)."""
+    out = {f"in.{index_role}": torch.tensor(indices, dtype=torch.int32)}
+    out.update({f"in.{name}": host_copy(region(bound[role], role, indices, contents)) for name, role in names.items()})
     return out
 
 
-__all__ = ["WHOLE", "BufferWatch", "fingerprint"]
+__all__ = ["WHOLE", "BufferWatch", "Contents", "Rows", "fingerprint", "region"]
