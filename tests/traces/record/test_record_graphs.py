@@ -115,6 +115,19 @@ def test_each_replay_of_a_captured_verify_is_a_verify_event_and_replays(tmp_path
     assert json.loads(out)["events_from_graph_replays"] == STEPS
 
 
+def test_a_slice_of_a_graph_trace_keeps_its_replay_numbers_and_replays(tmp_path, capsys, monkeypatch, device):
+    """``kda slice`` from the second step on: the verifies it keeps carry the replay numbers they
+    were recorded at, and the slice replays through kda's kernels."""
+    path, cut = tmp_path / "graphs.safetensors", tmp_path / "cut.safetensors"
+    run_fake(path, device, graphs=True)
+    first = next(i for i, e in enumerate(events(path)) if e.op == "verify" and e.attrs["graph_replay"] == 2)
+    code, _, err = run_kda(["slice", str(path), "--events", f"{first}:", "--out", str(cut)], capsys, monkeypatch)
+    assert code == 0, err
+    assert [e.attrs["graph_replay"] for e in events(cut) if e.op == "verify"] == list(range(2, STEPS + 1))
+    code, report = replay(cut, "triton", capsys, monkeypatch)
+    assert code == 0 and report["passed"] is True, report
+
+
 def test_the_verify_events_hold_what_each_replay_read(tmp_path, device):
     """Each verify's inputs are those copied in before its replay, not what the buffers hold at
     the end, and its records seen first are those before the call."""
