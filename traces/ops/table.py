@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from types import SimpleNamespace
 
 import traces.ops
 from traces.ops.op import Op
@@ -25,3 +26,6 @@ LAYER_OPS = tuple(name for name, op in OPS.items() if op.per_layer)
 """Ops on one layer's buffers, named by their attr ``layer`` (absent: 0)."""
 API = {name: op.api for name, op in OPS.items() if op.api is not None}
 """Op name in a trace -> function name every implementation exposes."""
+op_name = SimpleNamespace(**{name: name for name in OPS})
+"""``op_name.verify`` is ``"verify"``: each op's name, for the stages that write events
+(``traces.record``, ``traces.synth``) without spelling it."""

@@ -48,6 +48,7 @@ from traces.record.launches import FlushPairing
 from traces.record.program_call import Nesting, ProgramCall, guarded
 from traces.record.recorder import written_slots
 from traces.record.routing import LayerRouter
+from traces.ops.table import op_name
 
 CUTE_NOTE = ("verify: the release's CuTe backend (SM10x, bf16 state) verifies through CuteRecoverSSMVerify, outside "
              "the patched module, so no verify is recorded (its records are writes) and only the commits are checked; "
@@ -180,7 +181,8 @@ class ContextRecording:
         if capturing():
             recording.skip("captured")
             return commit(context, *args, **kwargs)
-        if id(context) not in self._contexts or recording.closed or recording.stopped or "commit" not in recording.ops:
+        if (id(context) not in self._contexts or recording.closed or recording.stopped
+                or op_name.commit not in recording.ops):
             recording.skip("commit_context")
             return commit(context, *args, **kwargs)
         try:
@@ -218,7 +220,7 @@ class ContextRecording:
         by_row = context_attrs.get("records") == RECORDS
         rows = torch.arange(B, dtype=torch.int32, device=state_indices.device) if by_row else state_indices
         layers = list(range(recording.layers))
-        event = recording.begin("commit_layers", inputs, attrs, touched, rows, {}, recording.lower_bound,
+        event = recording.begin(op_name.commit_layers, inputs, attrs, touched, rows, {}, recording.lower_bound,
                                 layers=layers)
         self._in_commit, self._unrepresentable = f"{type(context).__name__}.commit", None
         try:

@@ -44,6 +44,7 @@ from traces.record.shards import (
 )
 from traces.format.validate import dtype_name
 from traces.record.options import check_options
+from traces.ops.table import op_name
 
 
 class Recording:
@@ -306,7 +307,7 @@ class Recording:
         if not tensors:
             return
         index = self.events
-        meta = {"index": index, "op": "write", "attrs": self._layer_attr(None), "context": self._context()}
+        meta = {"index": index, "op": op_name.write, "attrs": self._layer_attr(None), "context": self._context()}
         self.bytes += save_shard(self.shards / f"{index:06d}.in.safetensors", tensors, meta)
         self.bytes += save_shard(self.shards / f"{index:06d}.out.safetensors", {}, {"index": index})
         self.events += 1

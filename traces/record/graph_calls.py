@@ -24,6 +24,7 @@ import torch
 
 from traces.record.graphs import CapturedCall, Gathered, GraphHooks, GraphRecordError, GraphTape
 from traces.record.watch import Rows
+from traces.ops.table import op_name
 
 INPUTS = ("q", "k", "v", "raw_g", "raw_beta", "query_start_loc", "state_indices")
 """The verify inputs the tape copies whole (and its record rows, ``rows``)."""
@@ -56,7 +57,7 @@ class GraphCalls:
         reads = {**inputs, "rows": rows, "states": (pool, state_indices),
                  **{role: (bind[role], rows) for role in RECORDS}}
         try:
-            position = self.tape.before("verify", reads, attrs)
+            position = self.tape.before(op_name.verify, reads, attrs)
         except GraphRecordError as exc:
             self.recording.stop(str(exc))
             return run()
@@ -108,14 +109,14 @@ class GraphCalls:
         """The verify event of ``call``, as the replay left its copies."""
         recording, attrs, before, after = self.recording, call.attrs, call.before, call.after
         recording.select_layer(attrs["layer"])
-        if not recording.accepts("verify", bind, attrs["lower_bound"], attrs["spec_query_len"]):
+        if not recording.accepts(op_name.verify, bind, attrs["lower_bound"], attrs["spec_query_len"]):
             return
         rows = before["rows"]
         inputs = {name: before[name] for name in INPUTS}
         inputs["record_indices"] = None if attrs["default_rows"] else rows
         seen = {"checkpoint_state": _rows(before["states"]), **{role: _rows(before[role]) for role in RECORDS}}
         left = {role: _rows(after[role]) for role in RECORDS}
-        event = recording.begin("verify", inputs, {"graph_replay": self.replays}, inputs["state_indices"], rows,
+        event = recording.begin(op_name.verify, inputs, {"graph_replay": self.replays}, inputs["state_indices"], rows,
                                 bind, (attrs["lower_bound"],), contents=seen)
         recording.end(event, {"out": after["out"], **{role: after[role].rows for role in RECORDS}}, contents=left)
 

@@ -19,6 +19,7 @@ from traces.format.schema import PLAN_FIELDS
 from traces.record.events import Recording
 from traces.record.program_call import ProgramCall
 from traces.record.recorder import written_slots
+from traces.ops.table import op_name
 
 RAW_KERNELS = {
     "_defer_commit_kernel": ("state_indices_ptr", "commit_lens_ptr", "record_rows_ptr", "pending_ptr", "eager_ptr",
@@ -44,11 +45,11 @@ def record_defer(recording: Recording, call: ProgramCall, B: int, state_indices:
     commit_lens, pending, eager = plan_column(recording, "commit_lens", p["commit_lens_ptr"]), p["pending_ptr"], \
         p["eager_ptr"]
     bind = {"plan.commit_lens": commit_lens, "pending": pending}
-    if not recording.accepts("defer", bind, None, None, lower_bound_used=False):
+    if not recording.accepts(op_name.defer, bind, None, None, lower_bound_used=False):
         return call()
     inputs = {"state_indices": state_indices, "record_rows": p["record_rows_ptr"][:B],
               "eager": None if eager is None else eager[:B]}
-    event = recording.begin("defer", inputs, {}, None, None, bind)
+    event = recording.begin(op_name.defer, inputs, {}, None, None, bind)
     result = recording.call(event, call)
     recording.end(event, {"pending": pending, "commit_lens": commit_lens[:B]})
     return result
@@ -74,7 +75,7 @@ class FlushPairing:
         recording = self.recording
         plan = {f: plan_column(recording, f, p[f"{f}_ptr"]) for f in PLAN_FIELDS}
         bind = {**{f"plan.{f}": t for f, t in plan.items()}, "pending": p["pending_ptr"]}
-        if not recording.accepts("flush", bind, None, None, lower_bound_used=False):
+        if not recording.accepts(op_name.flush, bind, None, None, lower_bound_used=False):
             return call()
         before = {"pending": p["pending_ptr"].clone(), **{f"plan.{f}": t.clone() for f, t in plan.items()}}
         result = call()
@@ -107,7 +108,7 @@ class FlushPairing:
         bind = {"checkpoint_state": pool, "records.correction": records.correction,
                 "records.key_gate": records.key_gate, "A_log": a["A_log"], "dt_bias": a["dt_bias"],
                 **{f"plan.{f}": t for f, t in flush["plan"].items()}, "pending": pending}
-        if not recording.accepts("flush", bind, a["lower_bound"], None):
+        if not recording.accepts(op_name.flush, bind, a["lower_bound"], None):
             return run()
         # the event begins where the flush plan launch did: its snapshots and writes see the
         # counts and plan columns from before it (a kernel that consumes counts shows as one)
@@ -115,7 +116,7 @@ class FlushPairing:
         for role, t in flush["before"].items():
             bind[role].copy_(t)
         try:
-            event = recording.begin("flush", {"state_indices": flush["state_indices"],
+            event = recording.begin(op_name.flush, {"state_indices": flush["state_indices"],
                                               "record_rows": flush["record_rows"]}, {"consume_pending": False},
                                     flush["state_indices"], flush["record_rows"], bind, (a["lower_bound"],))
         finally:

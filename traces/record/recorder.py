@@ -52,6 +52,7 @@ from traces.record.capture import capturing
 from traces.record.events import Recording
 from traces.record.options import check_options
 from traces.record.shards import MergeResult, RecordError, merge_shards, shards_dir
+from traces.ops.table import op_name
 
 ENV_PATH = "KDA_RECORD"
 
@@ -76,16 +77,16 @@ class RecordedApi:
         inputs = {"q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta, "query_start_loc": query_start_loc,
                   "state_indices": state_indices}
         if capturing() and recording.graphs is not None:  # recorded at each replay of the graph
-            if not recording.accepts("verify", bind, lower_bound, spec_query_len):
+            if not recording.accepts(op_name.verify, bind, lower_bound, spec_query_len):
                 return run()
             rows = _rows_or_default(record_indices, state_indices, state_indices.device)
             return recording.graphs.verify(run, inputs, rows, bind, {
                 "layer": recording.layer, "lower_bound": lower_bound, "spec_query_len": spec_query_len,
                 "default_rows": record_indices is None})
-        if not self._wants("verify", bind, lower_bound, spec_query_len):
+        if not self._wants(op_name.verify, bind, lower_bound, spec_query_len):
             return run()
         rows = _rows_or_default(record_indices, state_indices)
-        event = recording.begin("verify", {**inputs, "record_indices": record_indices}, {}, state_indices, rows, bind,
+        event = recording.begin(op_name.verify, {**inputs, "record_indices": record_indices}, {}, state_indices, rows, bind,
                                 (lower_bound,))
         result = recording.call(event, run)
         written = rows.long().clamp(min=0)
@@ -100,11 +101,11 @@ class RecordedApi:
                                                  block_table, num_computed, block_size)
 
         bind = _plan(plan)
-        if not self._wants("plan", bind, None, spec_query_len, lower_bound_used=False):
+        if not self._wants(op_name.plan, bind, None, spec_query_len, lower_bound_used=False):
             return run()
         attrs = {"block_size": int(block_size)} if block_table is not None else {}
         recording = self.recording
-        event = recording.begin("plan", {"num_accepted": num_accepted, "query_start_loc": query_start_loc,
+        event = recording.begin(op_name.plan, {"num_accepted": num_accepted, "query_start_loc": query_start_loc,
                                          "state_indices": state_indices, "block_table": block_table,
                                          "num_computed": num_computed}, attrs, None, None, bind)
         result = recording.call(event, run)
@@ -117,10 +118,10 @@ class RecordedApi:
             return self.impl.kda_recoverssm_defer(plan, state_indices, record_rows, pending, eager)
 
         bind = {**_plan(plan), "pending": pending}
-        if not self._wants("defer", bind, None, None, lower_bound_used=False):
+        if not self._wants(op_name.defer, bind, None, None, lower_bound_used=False):
             return run()
         recording = self.recording
-        event = recording.begin("defer", {"state_indices": state_indices, "record_rows": record_rows,
+        event = recording.begin(op_name.defer, {"state_indices": state_indices, "record_rows": record_rows,
                                           "eager": eager}, {}, None, None, bind)
         result = recording.call(event, run)
         recording.end(event, {"pending": pending, "commit_lens": plan.commit_lens[: state_indices.shape[0]]})
@@ -133,13 +134,13 @@ class RecordedApi:
                                                    state_indices, plan, record_indices)
 
         bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias), **_plan(plan)}
-        if not self._wants("commit", bind, lower_bound, None):
+        if not self._wants(op_name.commit, bind, lower_bound, None):
             return run()
         rows = _rows_or_default(record_indices, state_indices)
         targets = written_slots(plan, state_indices, rows)
         touched = torch.cat([state_indices.reshape(-1).cpu().long(), targets])
         recording = self.recording
-        event = recording.begin("commit", {"state_indices": state_indices, "record_indices": record_indices}, {},
+        event = recording.begin(op_name.commit, {"state_indices": state_indices, "record_indices": record_indices}, {},
                                 touched, rows, bind, (lower_bound,))
         result = recording.call(event, run)
         recording.end(event, _states(checkpoint_state, targets))
@@ -155,10 +156,10 @@ class RecordedApi:
 
         bind = {"checkpoint_state": checkpoint_state, **_records(records), **_params(A_log, dt_bias),
                 **_plan(plan), "pending": pending}
-        if not self._wants("flush", bind, lower_bound, None):
+        if not self._wants(op_name.flush, bind, lower_bound, None):
             return run()
         recording = self.recording
-        event = recording.begin("flush", {"state_indices": state_indices, "record_rows": record_rows},
+        event = recording.begin(op_name.flush, {"state_indices": state_indices, "record_rows": record_rows},
                                 {"consume_pending": bool(consume_pending)}, state_indices, record_rows, bind,
                                 (lower_bound,))
         result = recording.call(event, run)

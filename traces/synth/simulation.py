@@ -46,6 +46,7 @@ from traces.format.io import TraceBuilder
 from traces.format.schema import NULL_ID, PAD_ID, PLAN_FIELDS, BufferSizes, ConvSpec, Manifest
 from traces.synth.config import PRESETS, SynthConfig
 from traces.format.validate import TORCH_DTYPES
+from traces.ops.table import op_name
 
 DEFAULT_CONV_WIDTH = 4
 """Conv width of an engine-commit trace without ``conv_width``."""
@@ -222,7 +223,7 @@ class _Simulation:
             if layer.conv is not None:
                 layer.conv[slot] = self.randn(*layer.conv.shape[1:])
                 written.update(conv_slots=written["slots"], conv_states=layer.conv[slot][None])
-            self.out.add_event("write", written, attrs={"layer": i} if i else None)
+            self.out.add_event(op_name.write, written, attrs={"layer": i} if i else None)
 
     def retire(self) -> None:
         done = [r for r in self.live if r.steps_left <= 0]
@@ -296,7 +297,7 @@ class _Simulation:
         out = ref.kda_recoverssm_verify(q, k, v, raw_g, raw_beta, layer.A_log, layer.dt_bias, self.lower_bound,
                                         layer.pool, layer.records, qsl, slots, d.T, record_indices=rec)
         rec_rows = (rec if rec is not None else torch.arange(batch, dtype=torch.int32)).long().clamp(min=0)
-        self.out.add_event("verify", {
+        self.out.add_event(op_name.verify, {
             "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta, "query_start_loc": qsl,
             "state_indices": slots, "record_indices": rec,
         }, self.keep({
@@ -318,7 +319,7 @@ class _Simulation:
             inputs = torch.cat([view[slot, :, :history], self.randn(self.conv.dim, self.dims.T)], dim=1)
             view[slot] = inputs[:, 1:]
         index_tensor = torch.tensor(real, dtype=torch.int32)
-        self.out.add_event("write", {"conv_slots": index_tensor, "conv_states": layer.conv[index_tensor.long()]},
+        self.out.add_event(op_name.write, {"conv_slots": index_tensor, "conv_states": layer.conv[index_tensor.long()]},
                            attrs={"layer": index} if index else None)
 
     def commit_layers(self, accepted: torch.Tensor, qsl: torch.Tensor, slots: torch.Tensor) -> None:
@@ -334,7 +335,7 @@ class _Simulation:
         history = self.conv.width - 1
         windows = [x.conv[index][:, :, :history] if self.conv.layout == "dim_first" else x.conv[index][:, :history]
                    for x in self.layers]
-        self.out.add_event("commit_layers", {
+        self.out.add_event(op_name.commit_layers, {
             "num_accepted": per_request, "state_indices": slots, "query_start_loc": qsl, "request_indices": requests,
         }, {**self.keep({"slots": index.int(), "conv_windows": torch.stack(windows)}),
             **self.keep({"states": torch.stack([x.pool[index].to(self.state_dtype) for x in self.layers])}, big=True)})
@@ -345,7 +346,7 @@ class _Simulation:
         d, cfg, layer = self.dims, self.cfg, self.layers[0]
         batch = slots.shape[0]
         ref.kda_recoverssm_plan(self.plan, accepted, qsl, slots, d.T)
-        self.out.add_event("plan", {"num_accepted": accepted, "query_start_loc": qsl, "state_indices": slots},
+        self.out.add_event(op_name.plan, {"num_accepted": accepted, "query_start_loc": qsl, "state_indices": slots},
                            self.keep({f: getattr(self.plan, f)[:batch] for f in PLAN_FIELDS}))
 
         if not stock_step:
@@ -357,13 +358,13 @@ class _Simulation:
             for b, r in enumerate(rows):
                 if r is not None:
                     r.pending = 0 if eager is not None and bool(eager[b]) else int(lens_before[b])
-            self.out.add_event("defer", {"state_indices": slots, "record_rows": rec, "eager": eager},
+            self.out.add_event(op_name.defer, {"state_indices": slots, "record_rows": rec, "eager": eager},
                                self.keep({"pending": layer.pending, "commit_lens": self.plan.commit_lens[:batch]}))
 
         written = self.commit_targets(slots, rec, batch)
         ref.kda_recoverssm_commit(layer.pool, layer.records, layer.A_log, layer.dt_bias, self.lower_bound, slots,
                                   self.plan, record_indices=rec)
-        self.out.add_event("commit", {"state_indices": slots, "record_indices": rec}, self.written(written))
+        self.out.add_event(op_name.commit, {"state_indices": slots, "record_indices": rec}, self.written(written))
 
     def window(self, r: _Request) -> int:
         """A request's window this step: ``T`` tokens or now and then fewer; fewer at its last step."""
@@ -413,7 +414,7 @@ class _Simulation:
         expected = self.written([r.slot for r in reqs])
         if self.cfg.keep_expected != "none":
             expected["pending"] = layer.pending
-        self.out.add_event("flush", {"state_indices": slots, "record_rows": rec}, expected,
+        self.out.add_event(op_name.flush, {"state_indices": slots, "record_rows": rec}, expected,
                            {"consume_pending": False})
         for r in reqs:
             r.pending = 0

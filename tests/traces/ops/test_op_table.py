@@ -1,5 +1,5 @@
 """The op table (``traces.ops``): every op module is in it, in its declared order, and the
-stages that read, check, play and cut a trace branch on no op name of their own."""
+stages that read, check, play, record and cut a trace branch on no op name of their own."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from traces.ops.op import Op
 from traces.ops.table import OPS
 
 ROOT = Path(__file__).resolve().parents[3]
-TABLE_READERS = ("traces/format", "traces/impl", "traces/replay", "traces/repro", "traces/corpus", "traces/synth",
-                 "kda_cli")
+TABLE_READERS = ("traces/format", "traces/impl", "traces/replay", "traces/record", "traces/repro", "traces/corpus",
+                 "traces/synth", "kda_cli")
 """Where an op is known only through the table."""
 
 
