@@ -17,7 +17,6 @@ end the recording (``Recording.stop``); the program runs on, its calls passed th
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -39,7 +38,6 @@ class GraphCalls:
         self.recording, self.hooks = recording, hooks
         self.tape = GraphTape(hooks)
         self.replays = 0
-        self._binds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         hooks.on_replay = self._replayed
         hooks.install()
 
@@ -57,7 +55,7 @@ class GraphCalls:
         reads = {**inputs, "rows": rows, "states": (pool, state_indices),
                  **{role: (bind[role], rows) for role in RECORDS}}
         try:
-            position = self.tape.before(op_name.verify, reads, attrs)
+            position = self.tape.before(op_name.verify, reads, attrs, keep=dict(bind))
         except GraphRecordError as exc:
             self.recording.stop(str(exc))
             return run()
@@ -67,14 +65,6 @@ class GraphCalls:
             self.tape.after(position, {"out": result, **{role: (bind[role], written) for role in RECORDS}})
         except GraphRecordError as exc:
             self.recording.stop(str(exc))
-            return result
-        graph = self.hooks.capturing_graph()
-        if graph is not None:  # at capture: the buffers its events bind
-            capture = self.hooks.state(graph).capture
-            held = self._binds.get(graph)
-            if held is None or held[0] != capture:
-                held = self._binds[graph] = (capture, {})
-            held[1][position] = dict(bind)
         return result
 
     def _replayed(self, graph) -> None:
@@ -92,11 +82,10 @@ class GraphCalls:
         self.replays += 1
         here = recording.layer
         try:
-            binds = self._binds[graph][1]
-            for position, call in enumerate(calls):
+            for call in calls:
                 if recording.stopped:
                     break
-                self._event(call, binds[position])
+                self._event(call)
         except Exception as exc:  # the recorder's own failure: the replay has run, the program runs on
             if recording.open_event is not None:
                 recording.discard(recording.open_event)
@@ -105,9 +94,10 @@ class GraphCalls:
         finally:
             recording.select_layer(here)
 
-    def _event(self, call: CapturedCall, bind: dict[str, torch.Tensor]) -> None:
-        """The verify event of ``call``, as the replay left its copies."""
-        recording, attrs, before, after = self.recording, call.attrs, call.before, call.after
+    def _event(self, call: CapturedCall) -> None:
+        """The verify event of ``call``, as the replay left its copies, on the buffers it bound
+        at capture (``call.keep``)."""
+        recording, attrs, before, after, bind = self.recording, call.attrs, call.before, call.after, call.keep
         recording.select_layer(attrs["layer"])
         if not recording.accepts(op_name.verify, bind, attrs["lower_bound"], attrs["spec_query_len"]):
             return

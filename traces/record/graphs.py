@@ -170,18 +170,21 @@ class Gathered:
 @dataclass
 class CapturedCall:
     """One recorded call of a graph, as a replay left it: its name, the host attributes given
-    at capture, and host copies of what it read (``before``) and wrote (``after``)."""
+    at capture, host copies of what it read (``before``) and wrote (``after``), and what the
+    caller kept with it at capture (``keep``, as given: not copied)."""
 
     name: str
     attrs: dict[str, Any]
     before: dict[str, torch.Tensor | Gathered]
     after: dict[str, torch.Tensor | Gathered]
+    keep: Any = None
 
 
 @dataclass
 class _Call:
     name: str
     attrs: dict[str, Any]
+    keep: Any = None
     before: dict[str, "_Held"] = field(default_factory=dict)
     after: dict[str, "_Held"] | None = None
 
@@ -203,16 +206,19 @@ class GraphTape:
         self.hooks = hooks
         self._tapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def before(self, name: str, snaps: dict[str, Snap], attrs: dict[str, Any] | None = None) -> int:
+    def before(self, name: str, snaps: dict[str, Snap], attrs: dict[str, Any] | None = None,
+               keep: Any = None) -> int:
         """Copy what call ``name`` reads into the graph being captured, before the call runs: the
-        graph's next call, with host scalars ``attrs``; returns its position, for ``after``."""
-        return self._snapshot(None, snaps, name, attrs or {})
+        graph's next call, with host scalars ``attrs`` and ``keep`` (any object, held as it is
+        and handed back by ``read``: at capture only); returns its position, for ``after``."""
+        return self._snapshot(None, snaps, name, attrs or {}, keep)
 
     def after(self, position: int, snaps: dict[str, Snap]) -> None:
         """Copy what the call at ``position`` wrote, once it has run."""
         self._snapshot(position, snaps)
 
-    def _snapshot(self, position: int | None, snaps: dict[str, Snap], name: str = "", attrs=None) -> int:
+    def _snapshot(self, position: int | None, snaps: dict[str, Snap], name: str = "", attrs=None,
+                  keep: Any = None) -> int:
         """``before`` (``position`` None) or ``after``, one path: at capture it allocates the
         call's buffers and copies into them; while the hooks see the graph replayed (Python re-run
         under a fake graph; a real one runs none) it copies into the buffers of the call at the
@@ -229,7 +235,7 @@ class GraphTape:
                 raise GraphRecordError(state.failure or tape.failure)
             phase = "before" if position is None else "after"
             if position is None:
-                position = self._next(tape, state.replays if replaying else None, name, attrs)
+                position = self._next(tape, state.replays if replaying else None, name, attrs, keep)
             call = tape.calls[position]
             held = getattr(call, phase) or {}
             with torch.no_grad():
@@ -243,14 +249,14 @@ class GraphTape:
             tape.failure = tape.failure or str(exc)
             raise
 
-    def _next(self, tape: _Tape, replay: int | None, name: str, attrs: dict[str, Any]) -> int:
+    def _next(self, tape: _Tape, replay: int | None, name: str, attrs: dict[str, Any], keep: Any) -> int:
         """The position of call ``name``: a new call at capture (``replay`` None), else the next
         one of replay number ``replay``."""
         if replay is None:
             bad = [k for k, v in attrs.items() if not isinstance(v, (bool, int, float, str, type(None)))]
             if bad:
                 raise GraphRecordError(f"{name}: attrs {', '.join(bad)} are not host scalars")
-            tape.calls.append(_Call(name, dict(attrs)))
+            tape.calls.append(_Call(name, dict(attrs), keep))
             return len(tape.calls) - 1
         if tape.replay != replay:
             tape.replay, tape.cursor = replay, 0
@@ -280,7 +286,7 @@ class GraphTape:
                 raise GraphRecordError(f"captured call {call.name} has no after snapshot (it did not return)")
         if tape.device.type == "cuda":
             torch.cuda.synchronize(tape.device)
-        return [CapturedCall(c.name, dict(c.attrs), _host(c.before), _host(c.after)) for c in tape.calls]
+        return [CapturedCall(c.name, dict(c.attrs), _host(c.before), _host(c.after), c.keep) for c in tape.calls]
 
     def _current(self, graph) -> _Tape | None:
         """``graph``'s tape when it holds the graph's latest capture; one of an earlier capture
