@@ -49,7 +49,7 @@ from traces.record.events import Recording
 from traces.record.import_hook import PatchFinder, hook_imports
 from traces.record.launches import RAW_KERNELS, FlushPairing, record_defer
 from traces.record.program_call import Nesting, ProgramCall, guarded, kda_arguments
-from traces.record.recorder import RecordedApi
+from traces.record.recorder import RecordedApi, RecordingView
 from traces.record.routing import LayerRouter, parse_layers
 from traces.record.shards import MergeResult, RecordError
 from traces.ops.table import API
@@ -71,7 +71,7 @@ CONTEXT_CLASS = "KDARecoverSSMCommitContext"
 _RECORDED = "__kda_recorded__"
 
 
-class PatchRecorder:
+class PatchRecorder(RecordingView):
     """Records the calls of patched modules into the trace ``path`` (module docstring): each
     call runs through the calling module's own functions, only on the chosen layers' buffers.
 
@@ -91,30 +91,6 @@ class PatchRecorder:
         self.nesting = Nesting()
         self.flushes = FlushPairing(self.recording)
         self.contexts = ContextRecording(self.recording, self.router, self.nesting, self.flushes)
-
-    @property
-    def path(self):
-        return self.recording.path
-
-    @property
-    def shards(self):
-        return self.recording.shards
-
-    @property
-    def events(self) -> int:
-        return self.recording.events
-
-    @property
-    def skipped(self) -> dict[str, int]:
-        return self.recording.skipped
-
-    @property
-    def stopped(self) -> str | None:
-        return self.recording.stopped
-
-    @property
-    def provenance(self) -> dict[str, Any]:
-        return self.recording.provenance
 
     def close(self) -> MergeResult | None:
         """Stop recording and merge the trace (``Recording.close``), its provenance saying

@@ -57,6 +57,38 @@ from traces.ops.table import op_name
 ENV_PATH = "KDA_RECORD"
 
 
+class RecordingView:
+    """What a recorder says of the trace it writes, read off its ``recording`` (a
+    ``traces.record.events.Recording``): ``path``, ``shards``, ``events``, ``skipped``,
+    ``stopped``, ``provenance``."""
+
+    recording: Recording
+
+    @property
+    def path(self):
+        return self.recording.path
+
+    @property
+    def shards(self):
+        return self.recording.shards
+
+    @property
+    def events(self) -> int:
+        return self.recording.events
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        return self.recording.skipped
+
+    @property
+    def stopped(self) -> str | None:
+        return self.recording.stopped
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.recording.provenance
+
+
 class RecordedApi:
     """The kernel API of ``impl``, each call recorded into ``recording`` (a
     ``traces.record.events.Recording``) and run through ``impl``'s own function: the event
@@ -215,7 +247,7 @@ class RecordedApi:
         self.recording.lower_bound = (lower_bound,)
 
 
-class Recorder(RecordedApi):
+class Recorder(RecordedApi, RecordingView):
     """The kernel API of ``impl`` (``kernels`` by default, any spec ``traces.impl.loader.load_impl``
     accepts, or a module object), recording every call into a ``Recording`` of the trace
     ``path`` of its own (``recording``; ``options`` are its). Other attributes (buffer
@@ -240,30 +272,6 @@ class Recorder(RecordedApi):
         if name == "impl":  # not set yet: never recurse
             raise AttributeError(name)
         return getattr(self.impl, name)
-
-    @property
-    def path(self):
-        return self.recording.path
-
-    @property
-    def shards(self):
-        return self.recording.shards
-
-    @property
-    def events(self) -> int:
-        return self.recording.events
-
-    @property
-    def skipped(self) -> dict[str, int]:
-        return self.recording.skipped
-
-    @property
-    def stopped(self) -> str | None:
-        return self.recording.stopped
-
-    @property
-    def provenance(self) -> dict[str, Any]:
-        return self.recording.provenance
 
     def close(self) -> MergeResult | None:
         """Stop recording and merge the trace (``Recording.close``)."""
@@ -389,5 +397,5 @@ def _close_at_exit(recorder) -> None:
         print(f"kda record: wrote {result.path} ({result.events} events)", file=sys.stderr)
 
 
-__all__ = ["ENV_PATH", "MergeResult", "RecordError", "RecordedApi", "Recorder", "api", "merge_shards",
+__all__ = ["ENV_PATH", "MergeResult", "RecordError", "RecordedApi", "Recorder", "RecordingView", "api", "merge_shards",
            "options_from_env", "record_play", "record_trace", "set_process_recorder", "shards_dir", "written_slots"]
