@@ -26,7 +26,8 @@ class Step:
         self.shifted = torch.zeros(4, device=device)
 
     def __call__(self) -> None:
-        k = self.tape.before("scale", {"x": self.x, "rows": (self.pool, self.idx)}, {"factor": 2, "tag": "s"})
+        k = self.tape.before("scale", {"x": self.x, "rows": (self.pool, self.idx)}, {"factor": 2, "tag": "s"},
+                             keep=self.pool)
         self.out.copy_(self.x * 2)
         valid = (self.idx >= 0).to(self.pool.dtype)[:, None].expand(-1, WIDTH)
         self.pool.index_add_(0, self.idx.clamp(min=0).long(), valid)
@@ -85,6 +86,7 @@ def test_each_replay_reads_its_own_copies_in_capture_order():
         assert tape.bytes_held(graph) == step.bytes() == tape.bytes_held()
         buffers = [id(b) for c in tape._tapes[graph].calls for h in c.before.values() for b in h.bufs]
         check_replays(reads, replay_twice(graph, step, reads))
+        assert [(c.keep is step.pool, c2.keep) for c, c2 in reads] == [(True, None)] * 2  # kept as given
         assert [id(b) for c in tape._tapes[graph].calls for h in c.before.values() for b in h.bufs] == buffers
         assert tape.bytes_held(graph) == step.bytes()
 
